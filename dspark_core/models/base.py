@@ -1,0 +1,128 @@
+"""Value objects shared by every target model: configuration and the packed row batch.
+
+A forward pass works on *rows*: one row is one token of one request at one
+position. Rows of all requests in a step are packed back to back (``G`` rows in
+total), so the cost of every linear layer scales with ``G`` and not with the
+longest request times the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from attrs import field, frozen
+
+from dspark_core.errors import ModelError
+
+
+@frozen
+class TargetConfig:
+    """Architecture of a Llama-family decoder (covers SmolLM2, Llama, Qwen2/3 dense)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qkv_bias: bool = False  # qwen2 style
+    qk_norm: bool = False  # qwen3 style
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ModelError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelError(f"model config: num_heads ({self.num_heads}) is not a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ModelError(f"model config: head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+
+@frozen
+class ForwardBatch:
+    """Packed rows of one forward pass over ``B`` requests.
+
+    ``tokens`` and ``positions`` have one entry per row (``G`` rows). The rows
+    of request ``b`` are ``row_offsets[b]:row_offsets[b + 1]``; their positions
+    are contiguous and ascending. ``slot_ids[b]`` is the KV-cache slot of
+    request ``b``. A request may contribute zero rows only if every request
+    does (an empty batch is not useful), so callers pass only live requests.
+    """
+
+    tokens: torch.Tensor  # int64 [G]
+    positions: torch.Tensor  # int64 [G]
+    slot_ids: torch.Tensor  # int64 [B]
+    row_offsets: torch.Tensor  # int64 [B + 1]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.slot_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> ForwardBatch:
+        """The same batch with every tensor on ``device``."""
+        return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device), self.row_offsets.to(device))
+
+
+def make_forward_batch(
+    tokens: Sequence[Sequence[int]],
+    start_positions: Sequence[int],
+    slot_ids: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a :class:`ForwardBatch` from python lists.
+
+    ``tokens[b]`` are the new tokens of request ``b``; they sit at positions
+    ``start_positions[b], start_positions[b] + 1, ...``. Every request needs
+    at least one token.
+    """
+    if not (len(tokens) == len(start_positions) == len(slot_ids)):
+        raise ValueError(f"tokens, start_positions and slot_ids differ in length: {len(tokens)}, {len(start_positions)}, {len(slot_ids)}")
+    flat_tokens: list[int] = []
+    flat_positions: list[int] = []
+    offsets = [0]
+    for row_tokens, start in zip(tokens, start_positions, strict=True):
+        if len(row_tokens) == 0:
+            raise ValueError("every request in a forward batch needs at least one token")
+        flat_tokens.extend(int(t) for t in row_tokens)
+        flat_positions.extend(range(int(start), int(start) + len(row_tokens)))
+        offsets.append(len(flat_tokens))
+
+    def as_long(values: Sequence[int]) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.long, device=device)
+
+    return ForwardBatch(as_long(flat_tokens), as_long(flat_positions), as_long(slot_ids), as_long(offsets))
+
+
+@frozen
+class ForwardOutput:
+    """What a target forward returns: float32 logits per row, optional hidden states."""
+
+    logits: torch.Tensor  # float32 [G, V]
+    hidden: torch.Tensor | None  # [G, len(hidden_layers) * d] or None
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """The interface the engine uses for a target model."""
+
+    config: TargetConfig
+
+    def new_cache(self, num_slots: int, max_len: int):  # -> KVCache
+        """Allocate a static KV cache for ``num_slots`` requests of ``max_len`` tokens."""
+
+    def forward(self, batch: ForwardBatch, cache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Write the rows' K/V into ``cache`` then return their logits (and hidden states)."""

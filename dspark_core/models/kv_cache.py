@@ -1,0 +1,65 @@
+"""Static slot KV cache: one fixed region per request slot, allocated once.
+
+Layout per layer: ``[num_slots, kv_heads, max_len, head_dim]`` so that the
+keys a request attends to (``cache[slot, :, :L]``) are already in the
+``[heads, keys, head_dim]`` order attention wants. The cache stores no lengths:
+the caller (engine/scheduler) owns each request's committed length. Rows a
+speculative step wrote beyond the committed length are simply overwritten by
+the next forward, which always starts writing at the committed length.
+"""
+
+from __future__ import annotations
+
+import torch
+from attrs import define
+
+from dspark_core.errors import ModelError
+
+
+@define
+class KVCache:
+    """Keys and values of every layer for ``num_slots`` requests of up to ``max_len`` tokens."""
+
+    keys: torch.Tensor  # [num_layers, num_slots, kv_heads, max_len, head_dim]
+    values: torch.Tensor
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> KVCache:
+        """Zero-filled cache; allocation happens here once, never during a step."""
+        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.keys.shape[1])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.keys.shape[3])
+
+    def write(self, layer: int, slot_of_row: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` ([G, kv_heads, head_dim]) of each row at (slot, position)."""
+        # Advanced indices around a slice put the row dimension first: [G, kv_heads, head_dim].
+        self.keys[layer][slot_of_row, :, positions] = k.to(self.keys.dtype)
+        self.values[layer][slot_of_row, :, positions] = v.to(self.values.dtype)
+
+    def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``."""
+        return self.keys[layer][slot_ids, :, :length], self.values[layer][slot_ids, :, :length]
+
+    def check_fits(self, max_position: int, num_slots_needed: int | None = None) -> None:
+        """Raise a clear error when a position or slot does not fit this cache."""
+        if max_position >= self.max_len:
+            raise ModelError(f"KV cache holds {self.max_len} positions per slot; position {max_position} does not fit")
+        if num_slots_needed is not None and num_slots_needed > self.num_slots:
+            raise ModelError(f"KV cache has {self.num_slots} slots; slot {num_slots_needed - 1} does not exist")

@@ -1,0 +1,88 @@
+"""Building blocks shared by the target and the DSpark draft: norms, rotary, packed attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from attrs import frozen
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 (as the reference implementations do), cast back."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[N, head_dim]`` for the rotate-half rotary convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ([N, heads, head_dim]) by per-row angles (rotate-half layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """SwiGLU MLP with the gate and up projections fused into one matrix."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+@frozen
+class RowLayout:
+    """How packed rows map to a padded ``[B, R_max]`` view, computed once per forward.
+
+    Linear layers run on the packed rows; only attention uses the padded view,
+    gathered through ``pad_index`` (padding entries point at row 0 and are
+    dropped again through ``valid``).
+    """
+
+    pad_index: torch.Tensor  # int64 [B, R_max]
+    valid: torch.Tensor  # bool [B, R_max]
+    slot_of_row: torch.Tensor  # int64 [G]
+    query_positions: torch.Tensor  # int64 [B, R_max]; 0 on padding
+    kv_len: int  # keys needed: max position + 1
+
+    @classmethod
+    def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor) -> RowLayout:
+        counts = row_offsets[1:] - row_offsets[:-1]
+        r_max = int(counts.max().item())
+        steps = torch.arange(r_max, device=positions.device)
+        valid = steps[None, :] < counts[:, None]
+        pad_index = torch.where(valid, row_offsets[:-1, None] + steps[None, :], torch.zeros_like(valid, dtype=torch.long))
+        query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
+        slot_of_row = torch.repeat_interleave(slot_ids, counts)
+        return cls(pad_index, valid, slot_of_row, query_positions, int(positions.max().item()) + 1)
+
+    def causal_mask(self, kv_len: int | None = None) -> torch.Tensor:
+        """Boolean ``[B, 1, R_max, L]``: a query sees keys at positions <= its own."""
+        length = self.kv_len if kv_len is None else kv_len
+        key_pos = torch.arange(length, device=self.pad_index.device)
+        return (key_pos[None, None, None, :] <= self.query_positions[:, None, :, None])
+
+    def pad(self, rows: torch.Tensor) -> torch.Tensor:
+        """Packed ``[G, ...]`` -> padded ``[B, R_max, ...]``."""
+        return rows[self.pad_index]
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """Padded ``[B, R_max, ...]`` -> packed ``[G, ...]`` (row order is preserved)."""
+        return padded[self.valid]
+
+
+def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of packed queries ``[G, H, hd]`` over per-request keys ``[B, KV, L, hd]``.
+
+    Returns ``[G, H * hd]``. Grouped-query heads are handled by SDPA's
+    ``enable_gqa`` so the key/value heads are never copied per query head.
+    """
+    q = layout.pad(q_rows).transpose(1, 2)  # [B, H, R, hd]
+    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1])
+    out = out.transpose(1, 2)  # [B, R, H, hd]
+    return layout.unpad(out).reshape(q_rows.shape[0], -1)

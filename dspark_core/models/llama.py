@@ -1,0 +1,134 @@
+"""Llama-architecture target (SmolLM2, Llama, Qwen2/3 dense) written directly in torch.
+
+Weights arrive as a dict with Hugging Face names (``model.layers.0.self_attn.q_proj.weight``
+...) whatever the file format; the loaders translate GGUF names into these.
+At construction q/k/v and gate/up are fused so one forward issues fewer, larger
+matrix products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_core.errors import ModelError
+from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
+from dspark_core.models.kv_cache import KVCache
+from dspark_core.models.layers import RowLayout, apply_rope, attend, rms_norm, rope_cos_sin, swiglu
+
+
+def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    if name not in tensors:
+        raise ModelError(f"checkpoint is missing weight {name!r}")
+    t = tensors[name]
+    if tuple(t.shape) != shape:
+        raise ModelError(f"weight {name!r} has shape {tuple(t.shape)}, expected {shape}")
+    return t.to(device=device, dtype=dtype)
+
+
+class LlamaLayer(nn.Module):
+    """One decoder layer; parameters only, the maths lives in :class:`LlamaTarget`."""
+
+    def __init__(self, cfg: TargetConfig, tensors: Mapping[str, torch.Tensor], index: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        p = f"model.layers.{index}."
+        d, hd = cfg.hidden_size, cfg.head_dim
+        q_out, kv_out = cfg.num_heads * hd, cfg.num_kv_heads * hd
+
+        def take(name: str, shape: tuple[int, ...]) -> nn.Parameter:
+            return nn.Parameter(_take(tensors, p + name, shape, dtype, device), requires_grad=False)
+
+        self.input_norm = take("input_layernorm.weight", (d,))
+        self.post_norm = take("post_attention_layernorm.weight", (d,))
+        self.qkv = nn.Parameter(torch.cat([take("self_attn.q_proj.weight", (q_out, d)), take("self_attn.k_proj.weight", (kv_out, d)), take("self_attn.v_proj.weight", (kv_out, d))]), requires_grad=False)
+        self.qkv_bias = None
+        if cfg.qkv_bias:
+            self.qkv_bias = nn.Parameter(torch.cat([take("self_attn.q_proj.bias", (q_out,)), take("self_attn.k_proj.bias", (kv_out,)), take("self_attn.v_proj.bias", (kv_out,))]), requires_grad=False)
+        self.o_proj = take("self_attn.o_proj.weight", (d, q_out))
+        self.q_norm = take("self_attn.q_norm.weight", (hd,)) if cfg.qk_norm else None
+        self.k_norm = take("self_attn.k_norm.weight", (hd,)) if cfg.qk_norm else None
+        inter = cfg.intermediate_size
+        self.gate_up = nn.Parameter(torch.cat([take("mlp.gate_proj.weight", (inter, d)), take("mlp.up_proj.weight", (inter, d))]), requires_grad=False)
+        self.down = take("mlp.down_proj.weight", (d, inter))
+
+
+class LlamaTarget(nn.Module):
+    """The target model. See :class:`dspark_core.models.base.TargetModel` for the contract."""
+
+    def __init__(self, config: TargetConfig, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", tokenizer=None) -> None:
+        super().__init__()
+        self.config = config
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.device = torch.device(device)
+        cfg = config
+        self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
+        self.layers = nn.ModuleList(LlamaLayer(cfg, tensors, i, dtype, device) for i in range(cfg.num_layers))
+        self.final_norm = nn.Parameter(_take(tensors, "model.norm.weight", (cfg.hidden_size,), dtype, device), requires_grad=False)
+        if cfg.tie_embeddings:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = nn.Parameter(_take(tensors, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
+
+    # -- cache -----------------------------------------------------------------
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """Allocate a static cache of ``num_slots`` x ``max_len`` positions."""
+        c = self.config
+        if max_len > c.max_position:
+            raise ModelError(f"requested KV length {max_len} exceeds the model context limit {c.max_position}")
+        return KVCache.allocate(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
+
+    # -- forward ---------------------------------------------------------------
+
+    def check_hidden_layers(self, hidden_layers: tuple[int, ...]) -> None:
+        """Hidden-state index i is the residual stream after i decoder layers (0 = embeddings)."""
+        for i in hidden_layers:
+            if not 0 <= i <= self.config.num_layers:
+                raise ModelError(f"hidden layer index {i} is outside 0..{self.config.num_layers}")
+
+    def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c = self.config
+        n = x.shape[0]
+        qkv = F.linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[:, :q_size].view(n, c.num_heads, c.head_dim)
+        k = qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim)
+        v = qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
+        return x + swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down)
+
+    def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head, float32 logits."""
+        return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its position."""
+        c = self.config
+        self.check_hidden_layers(hidden_layers)
+        layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
+        cache.check_fits(layout.kv_len - 1)
+        mask = layout.causal_mask()
+        cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
+        x = self.embed[batch.tokens]
+        saved = {0: x} if 0 in hidden_layers else {}
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            # Write first, then read: the rows see their own and earlier rows' keys.
+            cache.write(i, layout.slot_of_row, batch.positions, k, v)
+            keys, values = cache.read(i, batch.slot_ids, layout.kv_len)
+            x = x + F.linear(attend(q, keys, values, layout, mask), layer.o_proj)
+            x = self._mlp(layer, x)
+            if i + 1 in hidden_layers:
+                saved[i + 1] = x
+        hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return ForwardOutput(self.logits_from_hidden(x), hidden)
