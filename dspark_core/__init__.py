@@ -1,0 +1,3 @@
+"""dspark-core: adaptive speculative decoding with DSpark drafts."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,59 @@
+"""Structured logging, configured once per process.
+
+Console rendering on a TTY, one JSON object per line otherwise (log shippers
+and tests read those). Each unit of work emits one rich event; the startup
+audit ("DSpark adaptive effective configuration") is the main one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+STARTUP_AUDIT_EVENT = "DSpark adaptive effective configuration"
+
+_configured = False
+
+
+def configure_logging(*, json_output: bool | None = None, level: int = logging.INFO) -> None:
+    """Configure structlog once; later calls are no-ops unless ``json_output`` is given."""
+    global _configured
+    if _configured and json_output is None:
+        return
+    if json_output is None:
+        json_output = not sys.stderr.isatty()
+    renderer: Any = structlog.processors.JSONRenderer(sort_keys=True) if json_output else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str = "dspark_core") -> Any:
+    """A structlog logger bound to ``component=name``."""
+    configure_logging()
+    return structlog.get_logger().bind(component=name)
+
+
+def emit_startup_audit(source: str, settings: Mapping[str, Any], geometry: Mapping[str, Any], **extra: Any) -> None:
+    """Log the one startup audit event.
+
+    ``source`` is ``defaults``, ``file`` or ``saved table``; ``settings`` must
+    hold every effective setting including defaults the user did not write;
+    ``geometry`` is the actually captured geometry.
+    """
+    if source not in ("defaults", "file", "saved table"):
+        raise ValueError(f"audit source must be defaults, file or saved table, got {source!r}")
+    get_logger("startup").info(STARTUP_AUDIT_EVENT, source=source, settings=dict(settings), geometry=dict(geometry), **extra)

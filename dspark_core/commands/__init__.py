@@ -1,0 +1,10 @@
+"""Sub-commands of the ``dspark-core`` CLI.
+
+Each module listed in :data:`COMMANDS` defines ``NAME`` (the sub-command),
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+COMMANDS: tuple[str, ...] = (
+    "serve",
+    "plugins",
+)

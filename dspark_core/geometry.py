@@ -1,0 +1,91 @@
+"""Captured execution geometry: draft width K, request buckets and target-row tiers.
+
+A step with ``n`` live requests runs in the smallest request bucket ``Bcap >= n``.
+Its verify forward has ``G`` target rows: each request contributes its anchor
+row plus the drafted tokens it verifies, so ``Bcap <= G <= Bcap * (K + 1)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from attrs import field, frozen
+
+from dspark_core.errors import ConfigError
+
+
+def legal_tiers(request_bucket: int, draft_width: int) -> tuple[int, ...]:
+    """Every target-row count a bucket can use, from no draft verified to full width."""
+    return tuple(range(request_bucket, request_bucket * (draft_width + 1) + 1))
+
+
+def full_width_rows(request_bucket: int, draft_width: int) -> int:
+    """Rows of the full-width tier: every request verifies all K drafted tokens."""
+    return request_bucket * (draft_width + 1)
+
+
+def default_request_buckets(max_seqs_per_batch: int, graph_batch_limit: int | None = None) -> tuple[int, ...]:
+    """Powers of two up to the batch limit, plus the limit itself."""
+    limit = max_seqs_per_batch if graph_batch_limit is None else min(max_seqs_per_batch, graph_batch_limit)
+    if limit < 1:
+        raise ConfigError(f"request bucket limit must be >= 1, got {limit}")
+    buckets = []
+    b = 1
+    while b < limit:
+        buckets.append(b)
+        b *= 2
+    buckets.append(limit)
+    return tuple(buckets)
+
+
+def _tiers_converter(value: Mapping[int, Iterable[int]]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    return tuple(sorted((int(b), tuple(sorted(set(int(g) for g in rows)))) for b, rows in dict(value).items()))
+
+
+@frozen
+class Geometry:
+    """What the graph backend captured. Part of every binding key and table fingerprint."""
+
+    draft_width: int
+    request_buckets: tuple[int, ...] = field(converter=lambda v: tuple(sorted(set(int(x) for x in v))))
+    # (bucket, rows captured for that bucket) pairs, sorted; a tuple keeps it hashable.
+    tiers: tuple[tuple[int, tuple[int, ...]], ...] = field(converter=_tiers_converter)
+
+    def __attrs_post_init__(self) -> None:
+        if self.draft_width < 0:
+            raise ConfigError(f"draft_width must be >= 0, got {self.draft_width}")
+        tier_map = dict(self.tiers)
+        for bucket in self.request_buckets:
+            rows = tier_map.get(bucket)
+            if not rows:
+                raise ConfigError(f"request bucket {bucket} has no captured target tiers")
+            legal = legal_tiers(bucket, self.draft_width)
+            bad = [g for g in rows if g not in legal]
+            if bad:
+                raise ConfigError(f"request bucket {bucket}: target rows {bad} outside legal range {legal[0]}..{legal[-1]}")
+            if full_width_rows(bucket, self.draft_width) not in rows:
+                raise ConfigError(f"request bucket {bucket}: the full-width tier {full_width_rows(bucket, self.draft_width)} must be captured")
+        extra = sorted(set(tier_map) - set(self.request_buckets))
+        if extra:
+            raise ConfigError(f"target tiers given for buckets {extra} that are not captured request buckets")
+
+    @classmethod
+    def all_tiers(cls, draft_width: int, request_buckets: Iterable[int]) -> Geometry:
+        """Geometry capturing every legal tier of every bucket (the default)."""
+        buckets = tuple(request_buckets)
+        return cls(draft_width, buckets, {b: legal_tiers(b, draft_width) for b in buckets})
+
+    def rows_for(self, request_bucket: int) -> tuple[int, ...]:
+        """Captured target-row tiers of ``request_bucket`` (ascending)."""
+        return dict(self.tiers)[request_bucket]
+
+    def bucket_for(self, live_requests: int) -> int | None:
+        """Smallest captured bucket holding ``live_requests``; None when none is big enough."""
+        for bucket in self.request_buckets:
+            if bucket >= live_requests:
+                return bucket
+        return None
+
+    @property
+    def max_bucket(self) -> int:
+        return self.request_buckets[-1]

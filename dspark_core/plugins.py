@@ -1,0 +1,196 @@
+"""Plugin loading and the one typed wrapper through which code calls hooks.
+
+Plugins come from the ``dspark_core`` entry-point group (the default plugins
+are registered there by this project's own ``pyproject.toml``, just as a third
+party would do) and from ``--plugin NAME_OR_MODULE``. ``--plugin no:NAME``
+blocks an entry-point plugin, pytest style.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import pluggy
+from attrs import frozen
+
+from dspark_core import hookspecs
+from dspark_core.components import KINDS, Component
+from dspark_core.errors import PluginError
+
+ENTRY_POINT_GROUP = hookspecs.PROJECT
+
+
+@frozen
+class PluginInfo:
+    """One registered plugin as ``dspark-core plugins`` shows it."""
+
+    name: str
+    version: str
+    hooks: tuple[str, ...]
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _import_plugin(spec: str) -> Any:
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        if exc.name and spec.startswith(exc.name):
+            known = ", ".join(sorted(_entry_points())) or "none"
+            raise PluginError(
+                f"--plugin {spec}: no entry point and no importable module of that name (entry points: {known})"
+            ) from None
+        raise PluginError(f"--plugin {spec}: importing it failed: {exc}") from exc
+    except Exception as exc:  # a broken plugin must not look like a missing one
+        raise PluginError(f"--plugin {spec}: importing it failed: {type(exc).__name__}: {exc}") from exc
+
+
+def build_plugin_manager(plugins: Sequence[str] = (), *, autoload: bool = True) -> pluggy.PluginManager:
+    """Create a manager with the hookspecs, entry-point plugins and ``plugins`` loaded.
+
+    ``plugins`` holds ``--plugin`` values: an entry-point name (loaded even when
+    ``autoload`` is off), a dotted module path, or ``no:NAME`` to block one.
+    Raises :class:`PluginError` for unknown, blocked or broken plugins, and for
+    hook implementations that match no hookspec (``check_pending``).
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    blocked = [p[3:] for p in plugins if p.startswith("no:")]
+    wanted = [p for p in plugins if not p.startswith("no:")]
+    for name in blocked:
+        if name in wanted:
+            raise PluginError(f"--plugin {name} is also blocked by --plugin no:{name}")
+        pm.set_blocked(name)
+    entry_points = _entry_points()
+    to_load = list(entry_points) if autoload else []
+    to_load += [w for w in wanted if w in entry_points and w not in to_load]
+    for name in to_load:
+        if pm.is_blocked(name):
+            continue
+        try:
+            module = entry_points[name].load()
+        except Exception as exc:
+            raise PluginError(f"plugin {name!r} ({entry_points[name].value}) failed to load: {exc}") from exc
+        pm.register(module, name=name)
+    for spec in wanted:
+        if spec in entry_points:
+            continue
+        if pm.is_blocked(spec):
+            raise PluginError(f"--plugin {spec}: this plugin is blocked")
+        if pm.has_plugin(spec):
+            continue
+        pm.register(_import_plugin(spec), name=spec)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {exc.plugin!r} implements an unknown hook: {exc}") from None
+    return pm
+
+
+def _plugin_version(pm: pluggy.PluginManager, plugin: object) -> str:
+    for plugin_obj, dist in pm.list_plugin_distinfo():
+        if plugin_obj is plugin:
+            return str(dist.version)
+    return str(getattr(plugin, "__version__", "unknown"))
+
+
+def plugin_report(pm: pluggy.PluginManager) -> list[PluginInfo]:
+    """Every registered plugin with its version and the hooks it implements."""
+    report = []
+    for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):
+        if plugin is None:  # blocked
+            continue
+        hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()))
+        report.append(PluginInfo(name=name, version=_plugin_version(pm, plugin), hooks=hooks))
+    return report
+
+
+class Hooks:
+    """Typed calls into the plugin pipeline; the only place ``pm.hook`` is used."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self._hook = pm.hook
+
+    # -- discovery and selection ------------------------------------------------
+    def components(self, kind: str | None = None) -> list[Component]:
+        """All declared components, optionally only those of ``kind``."""
+        found = [c for batch in self._hook.dspark_components() for c in batch]
+        return [c for c in found if kind is None or c.kind == kind]
+
+    def _select(self, kind: str, name: str, result: Any) -> Any:
+        if result is None:
+            names = sorted({c.name for c in self.components(kind)})
+            hint = ", ".join(names) if names else "none registered"
+            raise PluginError(f"no {kind.replace('_', ' ')} named {name!r} (available: {hint})")
+        return result
+
+    def device(self, name: str) -> Any:
+        return self._select("device", name, self._hook.dspark_device(name=name))
+
+    def graph_backend(self, name: str, device: Any) -> Any:
+        return self._select("graph_backend", name, self._hook.dspark_graph_backend(name=name, device=device))
+
+    def cost_model(self, name: str) -> Any:
+        return self._select("cost_model", name, self._hook.dspark_cost_model(name=name))
+
+    def budget_policy(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
+        result = self._hook.dspark_budget_policy(name=name, options=dict(options or {}))
+        return self._select("budget_policy", name, result)
+
+    def model_family(self, architecture: str) -> Any:
+        return self._select("model_family", architecture, self._hook.dspark_model_family(architecture=architecture))
+
+    # -- startup stages ---------------------------------------------------------
+    def _required(self, hook_name: str, result: Any) -> Any:
+        if result is None:
+            raise PluginError(f"no plugin implements {hook_name} (is a default plugin blocked?)")
+        return result
+
+    def warmup(self, runtime: Any) -> None:
+        self._hook.dspark_warmup(runtime=runtime)
+
+    def calibrate(self, runtime: Any, plan: Any) -> Sequence[Any]:
+        return self._required("dspark_calibrate", self._hook.dspark_calibrate(runtime=runtime, plan=plan))
+
+    def fit(self, runtime: Any, plan: Any, samples: Sequence[Any]) -> Any:
+        return self._required("dspark_fit", self._hook.dspark_fit(runtime=runtime, plan=plan, samples=samples))
+
+    def install_table(self, runtime: Any, table: Any) -> None:
+        self._hook.dspark_install_table(runtime=runtime, table=table)
+
+    # -- step stages ------------------------------------------------------------
+    def propose(self, step: Any) -> Any:
+        return self._required("dspark_propose", self._hook.dspark_propose(step=step))
+
+    def select_budget(self, step: Any, proposal: Any) -> Any:
+        return self._required("dspark_select_budget", self._hook.dspark_select_budget(step=step, proposal=proposal))
+
+    def verify(self, step: Any, proposal: Any, budget: Any) -> Any:
+        result = self._hook.dspark_verify(step=step, proposal=proposal, budget=budget)
+        return self._required("dspark_verify", result)
+
+    def commit(self, step: Any, verification: Any) -> None:
+        self._hook.dspark_commit(step=step, verification=verification)
+
+
+def load_hooks(plugins: Iterable[str] = ()) -> Hooks:
+    """Build a plugin manager (entry points + ``plugins``) and wrap it."""
+    return Hooks(build_plugin_manager(tuple(plugins)))
+
+
+@functools.lru_cache(maxsize=1)
+def default_hooks() -> Hooks:
+    """Process-wide hooks with only the entry-point plugins (for tools and tests)."""
+    return load_hooks()
+
+
+def component_kinds() -> tuple[str, ...]:
+    """The component kinds a plugin may declare."""
+    return tuple(KINDS)

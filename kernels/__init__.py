@@ -1,0 +1,1 @@
+"""Device kernels of the decode step (budget/allocate, pack, accept/commit)."""
