@@ -1,0 +1,72 @@
+"""Kernel 1, budget/allocate: split a tier's draft rows among requests.
+
+Inputs are the current confidences ``c[r, j]`` (chance drafted token j of
+request r is accepted given tokens 1..j-1 were). Survival
+``a[r, j] = c[r, 1] * ... * c[r, j]`` is non-increasing in j, so taking the
+``m`` largest survivals over the whole batch always admits a prefix of each
+request's draft. Ties are broken by position, then by request, which keeps the
+prefix property when c = 1 and makes every rank pick the same split.
+
+``caps[r]`` bounds request r's verify length (0 for padding slots of the
+bucket); ``draft_rows`` is m, the tier's rows minus one anchor row per bucket
+slot. When the caps cannot absorb m, the surplus rows stay unused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def survival(confidences: torch.Tensor) -> torch.Tensor:
+    """Cumulative acceptance probability of each drafted position, [B, K]."""
+    return torch.cumprod(confidences.float(), dim=1)
+
+
+def _masked_survival(confidences: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
+    surv = survival(confidences)
+    positions = torch.arange(confidences.shape[1], device=confidences.device)
+    allowed = positions.unsqueeze(0) < caps.unsqueeze(1)
+    # -1 sorts below every real survival (which is >= 0), so capped positions go last.
+    return torch.where(allowed, surv, torch.full_like(surv, -1.0))
+
+
+def allocate_reference(confidences: torch.Tensor, caps: torch.Tensor, draft_rows: int) -> torch.Tensor:
+    """Portable reference: a stable sort over position-major order. Returns lengths [B] int64."""
+    batch, width = confidences.shape
+    surv = _masked_survival(confidences, caps)
+    # position-major flattening: index = j * B + r, so a stable sort breaks ties by (j, r)
+    flat = surv.t().reshape(-1)
+    order = torch.sort(-flat, stable=True).indices
+    take = min(max(int(draft_rows), 0), int(caps.clamp(min=0, max=width).sum()))
+    chosen = order[:take]
+    lengths = torch.zeros(batch, dtype=torch.int64, device=confidences.device)
+    lengths.scatter_add_(0, chosen % batch, torch.ones_like(chosen))
+    return lengths
+
+
+def make_allocate(width: int):
+    """Width-specialised allocate: rank by pairwise comparison over a static [B*K] grid.
+
+    Avoids the data-dependent sort: each element's rank is the number of
+    elements that precede it in (survival desc, position, request) order, so
+    the whole kernel is fixed-shape tensor arithmetic for a given K (graph
+    capture friendly on every backend).
+    """
+
+    def allocate(confidences: torch.Tensor, caps: torch.Tensor, draft_rows: int) -> torch.Tensor:
+        if confidences.shape[1] != width:
+            raise ValueError(f"allocate kernel for K={width} got confidences of width {confidences.shape[1]}")
+        batch = confidences.shape[0]
+        surv = _masked_survival(confidences, caps).t().reshape(-1)  # position-major
+        count = batch * width
+        index = torch.arange(count, device=confidences.device)
+        before = (surv.unsqueeze(0) > surv.unsqueeze(1)) | (
+            (surv.unsqueeze(0) == surv.unsqueeze(1)) & (index.unsqueeze(0) < index.unsqueeze(1))
+        )
+        rank = before.sum(dim=1)  # rank[e] = elements ordered before e
+        budget = torch.clamp(caps.clamp(min=0, max=width).sum(), max=max(int(draft_rows), 0))
+        chosen = (rank < budget).reshape(width, batch)
+        return chosen.sum(dim=0).to(torch.int64)
+
+    allocate.__name__ = f"allocate_k{width}"
+    return allocate

@@ -1,0 +1,81 @@
+"""Kernel 2, pack: lay out a tier's target rows.
+
+Request r contributes its anchor (the last committed token, at position
+``start[r]``) followed by its first ``lengths[r]`` drafted tokens. Rows are
+request-major and padded to exactly ``tier_rows`` so the verify forward always
+has a captured shape. Padding rows (bucket slots without a request, and rows
+the budget left unused) are given to the scratch KV slot ``pad_slot`` at
+positions 0.., where their writes harm nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from attrs import frozen
+
+
+@frozen
+class PackedRows:
+    """A packed verify batch: ``row_offsets[r]:row_offsets[r+1]`` are request r's rows."""
+
+    tokens: torch.Tensor  # [G] int64
+    positions: torch.Tensor  # [G] int64
+    row_slots: torch.Tensor  # [G] int64, KV slot of every row
+    row_offsets: torch.Tensor  # [B+1] int64
+
+
+def pack_reference(anchors: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor,
+                   slots: torch.Tensor, tier_rows: int, pad_slot: int, pad_token: int = 0) -> PackedRows:
+    """Straightforward loop over requests (the portable reference)."""
+    tokens, positions, row_slots, offsets = [], [], [], [0]
+    for r in range(anchors.shape[0]):
+        n = int(lengths[r])
+        tokens += [int(anchors[r])] + [int(t) for t in drafts[r, :n]]
+        positions += list(range(int(starts[r]), int(starts[r]) + n + 1))
+        row_slots += [int(slots[r])] * (n + 1)
+        offsets.append(offsets[-1] + n + 1)
+    pad = tier_rows - len(tokens)
+    if pad < 0:
+        raise ValueError(f"{len(tokens)} rows do not fit tier {tier_rows}")
+    tokens += [pad_token] * pad
+    positions += list(range(pad))
+    row_slots += [pad_slot] * pad
+    device = anchors.device
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+    return PackedRows(as_long(tokens), as_long(positions), as_long(row_slots), as_long(offsets))
+
+
+def make_pack(width: int):
+    """Width-specialised pack: scatter a static [B, K+1] grid into the tier's rows."""
+
+    def pack(anchors: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor,
+             slots: torch.Tensor, tier_rows: int, pad_slot: int, pad_token: int = 0) -> PackedRows:
+        if drafts.shape[1] != width:
+            raise ValueError(f"pack kernel for K={width} got drafts of width {drafts.shape[1]}")
+        device = anchors.device
+        batch = anchors.shape[0]
+        grid_tokens = torch.cat([anchors.unsqueeze(1), drafts], dim=1)  # [B, K+1]
+        column = torch.arange(width + 1, device=device)
+        grid_positions = starts.unsqueeze(1) + column.unsqueeze(0)
+        used = column.unsqueeze(0) <= lengths.unsqueeze(1)
+        counts = lengths + 1
+        offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
+        offsets[1:] = torch.cumsum(counts, dim=0)
+        total = offsets[-1]
+        if int(total) > tier_rows:
+            raise ValueError(f"{int(total)} rows do not fit tier {tier_rows}")
+        target_index = offsets[:-1].unsqueeze(1) + column.unsqueeze(0)
+        # unused grid cells go to a sink index past the end, then get cut off
+        target_index = torch.where(used, target_index, torch.full_like(target_index, tier_rows))
+        pad_positions = torch.arange(tier_rows, device=device) - total
+        tokens = torch.full((tier_rows + 1,), pad_token, dtype=torch.int64, device=device)
+        positions = torch.cat([pad_positions, pad_positions.new_zeros(1)])
+        row_slots = torch.full((tier_rows + 1,), pad_slot, dtype=torch.int64, device=device)
+        flat_index = target_index.reshape(-1)
+        tokens.scatter_(0, flat_index, grid_tokens.reshape(-1))
+        positions.scatter_(0, flat_index, grid_positions.reshape(-1))
+        row_slots.scatter_(0, flat_index, slots.unsqueeze(1).expand(batch, width + 1).reshape(-1))
+        return PackedRows(tokens[:tier_rows], positions[:tier_rows], row_slots[:tier_rows], offsets)
+
+    pack.__name__ = f"pack_k{width}"
+    return pack
