@@ -1,0 +1,192 @@
+"""Additive full-step cost model: seconds = bias + alpha(Bcap) + theta(G).
+
+``alpha`` depends only on the physical request bucket and ``theta`` only on the
+target graph rows. The split between bias, alpha and theta is not unique, so
+the fit pins ``alpha(smallest bucket) = 0`` and ``theta(smallest G) = 0``; the
+remaining unknowns are then determined exactly when the bipartite graph of
+probed (bucket, rows) points is connected through shared row counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from attrs import field, frozen
+
+from dspark_core.components import Component
+from dspark_core.costs.base import (
+    Coverage,
+    CostSample,
+    check_grid,
+    interpolate,
+    pool_samples,
+    spans_within,
+    structure_params,
+)
+from dspark_core.errors import ConfigError
+from dspark_core.geometry import full_width_rows
+from dspark_core.hookspecs import hookimpl
+
+NAME = "additive"
+
+
+@frozen
+class AdditiveParams:
+    """Saved form: alpha per request bucket, theta per probed target-row count."""
+
+    bias_seconds: float
+    request_buckets: tuple[int, ...] = field(converter=tuple)
+    alpha_seconds: tuple[float, ...] = field(converter=tuple)
+    target_rows: tuple[int, ...] = field(converter=tuple)
+    theta_seconds: tuple[float, ...] = field(converter=tuple)
+
+
+@frozen
+class AdditiveFit:
+    """A fitted additive surface for one context interval."""
+
+    draft_width: int
+    p: AdditiveParams
+    model: str = NAME
+
+    def __attrs_post_init__(self) -> None:
+        p = self.p
+        if len(p.alpha_seconds) != len(p.request_buckets) or not p.request_buckets:
+            raise ConfigError("additive params: alpha_seconds needs one value per request bucket")
+        if len(p.theta_seconds) != len(p.target_rows) or not p.target_rows:
+            raise ConfigError("additive params: theta_seconds needs one value per target_rows entry")
+        for name, values in (("request_buckets", p.request_buckets), ("target_rows", p.target_rows)):
+            if list(values) != sorted(set(values)) or values[0] < 1:
+                raise ConfigError(f"additive params: {name} must be positive, ascending and unique, got {list(values)}")
+
+    def predict_seconds(self, request_bucket: int, target_rows: int) -> float | None:
+        """bias + alpha(bucket) + theta(rows), or None outside the fitted coverage."""
+        p = self.p
+        if request_bucket not in p.request_buckets:
+            return None
+        if not request_bucket <= target_rows <= full_width_rows(request_bucket, self.draft_width):
+            return None
+        theta = interpolate(p.target_rows, p.theta_seconds, target_rows)
+        if theta is None:  # outside the probed row span: not covered
+            return None
+        return p.bias_seconds + p.alpha_seconds[p.request_buckets.index(request_bucket)] + theta
+
+    @property
+    def coverage(self) -> Coverage:
+        """Each fitted bucket, at its legal rows inside the probed theta span."""
+        rows = self.p.target_rows
+        return Coverage(spans_within(self.p.request_buckets, rows[0], rows[-1], self.draft_width))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        p = self.p
+        return {
+            "bias_seconds": p.bias_seconds,
+            "request_buckets": list(p.request_buckets),
+            "alpha_seconds": list(p.alpha_seconds),
+            "target_rows": list(p.target_rows),
+            "theta_seconds": list(p.theta_seconds),
+        }
+
+
+def _connected_parts(points: Sequence[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    # Union-find over bucket nodes and row nodes; an edge per probed point.
+    parent: dict[tuple[str, int], tuple[str, int]] = {}
+
+    def find(node: tuple[str, int]) -> tuple[str, int]:
+        parent.setdefault(node, node)
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for b, g in points:
+        parent[find(("b", b))] = find(("g", g))
+    groups: dict[tuple[str, int], tuple[set[int], set[int]]] = {}
+    for kind, value in list(parent):
+        buckets, rows = groups.setdefault(find((kind, value)), (set(), set()))
+        (buckets if kind == "b" else rows).add(value)
+    return sorted((sorted(b), sorted(g)) for b, g in groups.values())
+
+
+def _check_connected(points: Sequence[tuple[int, int]]) -> None:
+    parts = _connected_parts(points)
+    if len(parts) > 1:
+        described = "; ".join(
+            f"part {i + 1}: buckets {b} with target rows {g}" for i, (b, g) in enumerate(parts)
+        )
+        raise ConfigError(
+            f"additive: the probe grid is not connected through shared target-row values, so alpha and "
+            f"theta cannot be separated ({described}). Probe at least one row count in two parts' buckets."
+        )
+
+
+def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit:
+    """Least-squares fit of one interval's samples (each point weighted by its windows)."""
+    measured = pool_samples(samples)
+    points = [(m.request_bucket, m.target_rows) for m in measured]
+    check_grid(points, draft_width, NAME)
+    _check_connected(points)
+    buckets = sorted({b for b, _ in points})
+    rows = sorted({g for _, g in points})
+    # Columns: bias, alpha for every bucket but the first, theta for every row but the first.
+    ncols = 1 + (len(buckets) - 1) + (len(rows) - 1)
+    a = np.zeros((len(measured), ncols))
+    y = np.empty(len(measured))
+    w = np.empty(len(measured))
+    for i, m in enumerate(measured):
+        a[i, 0] = 1.0
+        bi, gi = buckets.index(m.request_bucket), rows.index(m.target_rows)
+        if bi:
+            a[i, bi] = 1.0
+        if gi:
+            a[i, len(buckets) - 1 + gi] = 1.0
+        y[i] = m.step_seconds
+        w[i] = np.sqrt(m.windows)
+    solution, _, rank, _ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    if rank < ncols:  # cannot happen on a connected grid; kept as a guard
+        raise ConfigError(f"additive: the probe grid leaves {ncols - rank} parameter(s) undetermined")
+    alpha = (0.0, *(float(v) for v in solution[1 : len(buckets)]))
+    theta = (0.0, *(float(v) for v in solution[len(buckets) :]))
+    fit = AdditiveFit(draft_width, AdditiveParams(float(solution[0]), buckets, alpha, rows, theta))
+    _check_positive(fit)
+    return fit
+
+
+def _check_positive(fit: AdditiveFit) -> None:
+    # A noisy fit can place an unmeasured (bucket, rows) pair at or below zero;
+    # the budget policy divides by cost, so refuse instead of serving that.
+    for b in fit.p.request_buckets:
+        for g in fit.p.target_rows:
+            value = fit.predict_seconds(b, g)
+            if value is not None and value <= 0:
+                raise ConfigError(f"additive: the fit predicts {value:.3g} s at bucket {b}, {g} rows; the samples are too noisy")
+
+
+@frozen
+class AdditiveModel:
+    """The ``additive`` cost model returned by the hook."""
+
+    name: str = NAME
+
+    def fit(self, samples: Sequence[CostSample], draft_width: int) -> AdditiveFit:
+        """Fit samples of one context interval."""
+        return fit_additive(samples, draft_width)
+
+    def load(self, params: Mapping[str, Any], draft_width: int) -> AdditiveFit:
+        """Rebuild a fit from its saved params."""
+        return AdditiveFit(draft_width, structure_params(params, AdditiveParams, NAME))
+
+
+@hookimpl
+def dspark_cost_model(name: str) -> AdditiveModel | None:
+    """Provide the additive model under its name."""
+    return AdditiveModel() if name == NAME else None
+
+
+@hookimpl
+def dspark_components() -> list[Component]:
+    """Declare the additive cost model."""
+    return [Component("cost_model", NAME, "full-step seconds = bias + alpha(request bucket) + theta(target rows)")]
