@@ -68,6 +68,8 @@ def build_plugin_manager(plugins: Sequence[str] = (), *, autoload: bool = True) 
             raise PluginError(f"--plugin {name} is also blocked by --plugin no:{name}")
         pm.set_blocked(name)
     entry_points = _entry_points()
+    versions: dict[str, str] = {}
+    pm.dspark_versions = versions  # type: ignore[attr-defined]  # read by plugin_report
     to_load = list(entry_points) if autoload else []
     to_load += [w for w in wanted if w in entry_points and w not in to_load]
     for name in to_load:
@@ -78,6 +80,9 @@ def build_plugin_manager(plugins: Sequence[str] = (), *, autoload: bool = True) 
         except Exception as exc:
             raise PluginError(f"plugin {name!r} ({entry_points[name].value}) failed to load: {exc}") from exc
         pm.register(module, name=name)
+        dist = getattr(entry_points[name], "dist", None)
+        if dist is not None:
+            versions[name] = str(dist.version)
     for spec in wanted:
         if spec in entry_points:
             continue
@@ -93,10 +98,10 @@ def build_plugin_manager(plugins: Sequence[str] = (), *, autoload: bool = True) 
     return pm
 
 
-def _plugin_version(pm: pluggy.PluginManager, plugin: object) -> str:
-    for plugin_obj, dist in pm.list_plugin_distinfo():
-        if plugin_obj is plugin:
-            return str(dist.version)
+def _plugin_version(pm: pluggy.PluginManager, name: str, plugin: object) -> str:
+    versions = getattr(pm, "dspark_versions", {})
+    if name in versions:
+        return versions[name]
     return str(getattr(plugin, "__version__", "unknown"))
 
 
@@ -107,7 +112,7 @@ def plugin_report(pm: pluggy.PluginManager) -> list[PluginInfo]:
         if plugin is None:  # blocked
             continue
         hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()))
-        report.append(PluginInfo(name=name, version=_plugin_version(pm, plugin), hooks=hooks))
+        report.append(PluginInfo(name=name, version=_plugin_version(pm, name, plugin), hooks=hooks))
     return report
 
 
