@@ -19,7 +19,7 @@ from dspark_core.convert import unstructure
 from dspark_core.costs.base import Coverage, Measurement
 from dspark_core.costs.bundle import CostTable, IntervalFit, Provenance
 from dspark_core.costs.fingerprint import Fingerprint
-from dspark_core.errors import ConfigError, TableError
+from dspark_core.errors import ConfigError, PluginError, TableError
 
 SCHEMA_VERSION = 1
 #: Width of tables written before the width was recorded (the Draft7 era).
@@ -81,11 +81,18 @@ class LegacyAdditiveDoc:
 
 
 def resolve_cost_model(name: str, lookup: CostModelLookup) -> Any:
-    """The cost model called ``name``; TableError when no plugin provides it."""
+    """The cost model called ``name``; PluginError when no plugin provides it."""
     model = lookup(name)
     if model is None:
-        raise TableError(f"no plugin provides cost model {name!r}; load it with --plugin")
+        raise PluginError(f"no cost model named {name!r}; load the plugin that provides it with --plugin")
     return model
+
+
+def _table_model(name: str, lookup: CostModelLookup) -> Any:
+    try:
+        return resolve_cost_model(name, lookup)
+    except PluginError as exc:  # while reading a table this is a table problem
+        raise TableError(f"$.model: {exc}") from None
 
 
 def _load_fit(model: Any, params: Mapping[str, Any], width: int, where: str) -> Any:
@@ -135,7 +142,7 @@ def _from_bundle(data: Mapping[str, Any], lookup: CostModelLookup, source: str) 
     if version != SCHEMA_VERSION:
         raise TableError(f"{source}: schema_version {version!r} is not supported (this dspark-core reads {SCHEMA_VERSION})")
     doc: BundleDoc = _structure(data, BundleDoc, source)
-    model = resolve_cost_model(doc.model, lookup)
+    model = _table_model(doc.model, lookup)
     fits = []
     for i, f in enumerate(doc.fits):
         cost = _load_fit(model, f.params, doc.draft_width, f"$.fits[{i}].params")
@@ -152,7 +159,7 @@ def _bare_table(model_name: str, params: Mapping[str, Any], width: int | None, c
                 origin: str, source: str) -> CostTable:
     assumed = width is None
     width = LEGACY_DRAFT_WIDTH if width is None else width
-    cost = _load_fit(resolve_cost_model(model_name, lookup), params, width, "$.params")
+    cost = _load_fit(_table_model(model_name, lookup), params, width, "$.params")
     return CostTable(width, model_name, [IntervalFit(context, cost)], origin=origin, source=source, width_assumed=assumed)
 
 
