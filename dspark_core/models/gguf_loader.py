@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,50 @@ def _field(reader, path: Path, key: str, default: Any = ModelError) -> Any:
     return f.contents()
 
 
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
 def gguf_architecture(path: str | Path) -> str:
-    """The ``general.architecture`` string of a GGUF file."""
-    return str(_field(open_gguf(path), Path(path), "general.architecture")).lower()
+    """The ``general.architecture`` string of a GGUF file, read from the header only.
+
+    GGUFReader parses every metadata field (the whole vocabulary) up front,
+    which takes seconds; picking a model family only needs this one string.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelError(f"{path}: not a GGUF file (bad magic)")
+            _version, _tensors, kv_count = struct.unpack("<IQQ", f.read(20))
+
+            def read_str() -> str:
+                (n,) = struct.unpack("<Q", f.read(8))
+                return f.read(n).decode("utf-8", errors="replace")
+
+            def skip(kind: int) -> None:
+                if kind == 8:
+                    read_str()
+                elif kind == 9:
+                    item, count = struct.unpack("<IQ", f.read(12))
+                    if item in _SCALAR_SIZES:
+                        f.seek(_SCALAR_SIZES[item] * count, 1)
+                    else:
+                        for _ in range(count):
+                            skip(item)
+                elif kind in _SCALAR_SIZES:
+                    f.seek(_SCALAR_SIZES[kind], 1)
+                else:
+                    raise ModelError(f"{path}: unknown GGUF metadata type {kind}")
+
+            for _ in range(kv_count):
+                key = read_str()
+                (kind,) = struct.unpack("<I", f.read(4))
+                if key == "general.architecture" and kind == 8:
+                    return read_str().lower()
+                skip(kind)
+    except (OSError, struct.error) as exc:
+        raise ModelError(f"{path}: cannot read GGUF header ({exc})") from None
+    raise ModelError(f"{path}: GGUF metadata field 'general.architecture' is missing")
 
 
 def unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:

@@ -55,3 +55,54 @@ def random_target(cfg: TargetConfig | None = None, seed: int = 0, *, dtype: torc
     """A :class:`LlamaTarget` with random weights."""
     cfg = cfg or tiny_target_config()
     return LlamaTarget(cfg, random_target_tensors(cfg, seed), dtype=dtype, device=device)
+
+
+def random_draft(
+    target_config: TargetConfig,
+    *,
+    seed: int = 0,
+    num_layers: int = 1,
+    block_size: int = 4,
+    aux_layer_ids: tuple[int, ...] | None = None,
+    draft_vocab_size: int | None = None,
+    markov_rank: int = 8,
+    markov_head_type: str = "vanilla",
+    sample_from_anchor: bool = True,
+    **overrides,
+):
+    """A randomly initialised DSpark draft shaped for ``target_config`` (not yet bound).
+
+    With ``draft_vocab_size`` below the target vocabulary the draft keeps a
+    random sorted subset of target ids (d2t offsets / t2d mask filled in).
+    """
+    from dspark_core.models.draft_config import DraftConfig
+    from dspark_core.models.dspark_draft import DSparkDraft
+
+    t = target_config
+    n = t.num_layers
+    values = dict(
+        hidden_size=t.hidden_size, intermediate_size=t.intermediate_size, num_layers=num_layers,
+        num_heads=t.num_heads, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
+        target_vocab_size=t.vocab_size, draft_vocab_size=draft_vocab_size or t.vocab_size,
+        block_size=block_size, aux_layer_ids=aux_layer_ids or tuple(sorted({1, max(1, n // 2), n})),
+        mask_token_id=t.vocab_size - 1, target_hidden_size=t.hidden_size, rms_eps=t.rms_eps,
+        rope_theta=t.rope_theta, max_position=t.max_position, markov_rank=markov_rank,
+        markov_head_type=markov_head_type, confidence_head_with_markov=markov_rank > 0,
+        sample_from_anchor=sample_from_anchor,
+    )
+    values.update(overrides)
+    torch.manual_seed(seed)
+    draft = DSparkDraft(DraftConfig(**values))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        if draft.d2t is not None:
+            keep = torch.randperm(t.vocab_size, generator=g)[: draft.config.draft_vocab_size].sort().values
+            draft.d2t.copy_(keep - torch.arange(keep.numel()))
+            draft.t2d.zero_()
+            draft.t2d[keep] = True
+    return draft

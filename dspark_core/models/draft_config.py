@@ -1,0 +1,88 @@
+"""Configuration of a DSpark draft (the fields of a speculators ``dspark`` checkpoint)."""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from dspark_core.errors import ModelError
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+
+
+@frozen
+class DraftConfig:
+    """Shape and behaviour of a DSpark draft.
+
+    ``aux_layer_ids`` are target hidden-state indices in the speculators sense
+    (layer index + 1, i.e. the residual stream after that many target layers);
+    they are passed unchanged as ``hidden_layers`` to the target's forward.
+    ``sts_temperatures`` holds one temperature per proposed position; the
+    confidence of position j is ``sigmoid(logit_j / T_j)`` (all 1.0 = raw head).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    target_vocab_size: int
+    draft_vocab_size: int
+    block_size: int
+    aux_layer_ids: tuple[int, ...] = field(converter=tuple)
+    mask_token_id: int
+    target_hidden_size: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position: int = 40960
+    attention_bias: bool = False
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    sample_from_anchor: bool = True
+    sts_temperatures: tuple[float, ...] | None = field(default=None, converter=lambda v: None if v is None else tuple(float(x) for x in v))
+
+    def __attrs_post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ModelError(f"draft config: {msg}")
+
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "target_vocab_size", "draft_vocab_size", "target_hidden_size"):
+            if getattr(self, name) <= 0:
+                bad(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            bad(f"num_heads ({self.num_heads}) is not a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.draft_vocab_size > self.target_vocab_size:
+            bad(f"draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary {self.target_vocab_size}")
+        if self.block_size < (1 if self.sample_from_anchor else 2):
+            bad(f"block_size {self.block_size} proposes no token")
+        if not self.aux_layer_ids:
+            bad("aux_hidden_state_layer_ids must not be empty")
+        if not 0 <= self.mask_token_id < self.target_vocab_size:
+            bad(f"mask_token_id {self.mask_token_id} is outside the target vocabulary")
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            bad(f"markov_head_type {self.markov_head_type!r} is not one of {MARKOV_HEAD_TYPES}")
+        if self.markov_rank < 0:
+            bad(f"markov_rank must be >= 0, got {self.markov_rank}")
+        if self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
+            bad("confidence_head_with_markov needs markov_rank > 0")
+        if self.sts_temperatures is not None:
+            if len(self.sts_temperatures) != self.num_speculative_tokens:
+                bad(f"sts_temperatures has {len(self.sts_temperatures)} entries, expected {self.num_speculative_tokens} (one per proposed token)")
+            if any(t <= 0 for t in self.sts_temperatures):
+                bad("sts_temperatures must all be > 0")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K: tokens proposed per block (the anchor slot proposes too when sample_from_anchor)."""
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    @property
+    def first_proposal_slot(self) -> int:
+        """Block slot whose output is the first proposed token."""
+        return 0 if self.sample_from_anchor else 1
+
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        """Per-position STS temperatures (1.0 everywhere unless calibrated)."""
+        return self.sts_temperatures or (1.0,) * self.num_speculative_tokens
