@@ -7,4 +7,6 @@ Each module listed in :data:`COMMANDS` defines ``NAME`` (the sub-command),
 COMMANDS: tuple[str, ...] = (
     "serve",
     "plugins",
+    "table",
+    "generate", "fetch_model",
 )
