@@ -8,5 +8,4 @@ COMMANDS: tuple[str, ...] = (
     "serve",
     "plugins",
     "table",
-    "generate", "fetch_model",
 )

@@ -1,0 +1,113 @@
+"""``dspark-core table``: inspect, validate and plot saved cost tables.
+
+``show FILE`` prints the width, model, fingerprint, settings, coverage and the
+predicted cost grid. ``validate FILE [--against SERVE FLAGS...]`` exits 0 for
+a valid (and, with ``--against``, compatible) table and 1 otherwise, listing
+every mismatching field. ``plot FILE -o PNG`` draws measured points against
+the fitted surface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from dspark_core.errors import ConfigError, DSparkError, TableError
+
+NAME = "table"
+HELP = "Show, validate or plot a saved cost table."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``show``, ``validate`` and ``plot`` actions."""
+    actions = parser.add_subparsers(dest="table_action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="Print width, model, coverage, fingerprint and the predicted cost grid.")
+    validate = actions.add_parser("validate", help="Check a table strictly, and against a launch with --against.")
+    plot = actions.add_parser("plot", help="Plot measured points against the fitted surface (PNG).")
+    for action in (show, validate, plot):
+        action.add_argument("file", metavar="FILE", help="Cost table JSON (bundle, bare or legacy).")
+        action.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE",
+                            help="Extra plugin providing the table's cost model (repeatable).")
+    validate.add_argument("--against", nargs=argparse.REMAINDER, default=None, metavar="SERVE_FLAGS",
+                          help="Every following argument is a serve flag (e.g. --model=... --num_speculative_tokens=7); "
+                               "the table must be compatible with that launch.")
+    plot.add_argument("-o", "--output", required=True, metavar="PNG", help="Where to write the plot.")
+
+
+def _hooks(plugins: list[str]) -> Any:
+    from dspark_core.plugins import load_hooks
+
+    return load_hooks(plugins)
+
+
+def _resolved_execution(config: Any, hooks: Any) -> tuple[str | None, str | None, str | None]:
+    """Resolve ``auto`` device, graph backend and dtype the way a launch on this host would."""
+    names = ["cuda", "npu", "cpu"] if config.device == "auto" else [config.device]
+    for name in names:
+        try:
+            spec = hooks.device(name)
+        except DSparkError:
+            continue
+        backend = spec.default_graph_backend if config.python_graph_backend == "auto" else None
+        if not config.enable_graph:
+            backend = "disabled"
+        dtype = spec.default_dtype if config.dtype == "auto" else None
+        return spec.name, backend, dtype
+    return None, None, None
+
+
+def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
+    from dspark_core.config import parse_serve_args
+    from dspark_core.costs.fingerprint import launch_fingerprint
+    from dspark_core.geometry import Geometry, default_request_buckets
+
+    config = parse_serve_args(argv)
+    k = config.num_speculative_tokens
+    # The default capture: every legal tier of every default bucket.
+    buckets = default_request_buckets(config.max_seqs_per_batch, config.acl_graph_decode_batch_size_limit)
+    device, backend, dtype = _resolved_execution(config, hooks)
+    paths = {}
+    for key, value in (("target_path", config.model), ("draft_path", config.draft_model)):
+        if value:
+            try:
+                from dspark_core.models.fetch import resolve_model_path
+
+                paths[key] = resolve_model_path(value)
+            except ImportError:
+                paths[key] = value
+    fingerprint = launch_fingerprint(config, Geometry.all_tiers(k, buckets), device=device, graph_backend=backend,
+                                     dtype=dtype, **paths)
+    return fingerprint, k
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen action; load and compatibility problems exit 1, usage problems 2."""
+    from dspark_core.costs.report import describe_table, plot_table
+    from dspark_core.table import check_compatible, load_table
+
+    hooks = _hooks(args.plugin)
+    if args.table_action == "show":
+        print("\n".join(describe_table(load_table(args.file, hooks.cost_model))))
+        return 0
+    if args.table_action == "plot":
+        out = plot_table(load_table(args.file, hooks.cost_model), args.output)
+        print(f"wrote {out}")
+        return 0
+    try:
+        table = load_table(args.file, hooks.cost_model)
+        if args.against is None:
+            print(f"valid: {args.file} ({table.origin}, model {table.model}, draft_width {table.draft_width}); "
+                  "pass --against SERVE_FLAGS to check compatibility with a launch")
+            return 0
+        expected, k = _launch(list(args.against), hooks)
+        note = check_compatible(table, expected, k)
+    except TableError as exc:
+        print(f"invalid: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        raise ConfigError(f"--against: {exc}") from None
+    print(f"compatible: {args.file} ({table.origin}, model {table.model}, draft_width {table.draft_width})")
+    if note:
+        print(f"note: {note}")
+    return 0
