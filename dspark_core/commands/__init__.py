@@ -8,4 +8,5 @@ COMMANDS: tuple[str, ...] = (
     "serve",
     "plugins",
     "table",
+    "generate", "fetch_model",
 )
