@@ -207,6 +207,10 @@ def render_json(value: Any, indent: int = 0) -> str:
     if isinstance(value, Mapping) and value:
         items = [f"{pad}{json.dumps(str(k))}: {render_json(v, indent + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+    if isinstance(value, (list, tuple)) and not any(isinstance(v, Mapping) for v in value):
+        flat = json.dumps(value, allow_nan=False)
+        if len(flat) <= 100 or not any(isinstance(v, (list, tuple)) for v in value):
+            return flat  # short nested lists (geometry tiers) and all number lists stay inline
     if isinstance(value, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple)) for v in value):
         items = [f"{pad}{render_json(v, indent + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + "\n" + "  " * indent + "]"
