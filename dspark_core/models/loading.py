@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from dspark_core.errors import ModelError
+from dspark_core.errors import ModelError, PluginError
 from dspark_core.models.fetch import resolve_model_path
 from dspark_core.models.gguf_loader import gguf_architecture, read_gguf
 from dspark_core.models.hf_loader import hf_architecture, read_hf_dir
@@ -57,5 +57,8 @@ def load_target(path_or_alias: str | os.PathLike, device: torch.device | str = "
         from dspark_core.plugins import default_hooks
 
         hooks = default_hooks()
-    family = hooks.model_family(arch)
+    try:
+        family = hooks.model_family(arch)
+    except PluginError as exc:
+        raise ModelError(f"{path}: architecture {arch!r} is not supported ({exc})") from None
     return family.load_target(path, device=device, dtype=dtype)

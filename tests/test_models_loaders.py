@@ -1,0 +1,187 @@
+"""GGUF and Hugging Face loaders on small synthetic checkpoints written by the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dspark_core.errors import ModelError
+from dspark_core.models.base import make_forward_batch
+from dspark_core.models.gguf_loader import gguf_architecture, read_gguf
+from dspark_core.models.hf_loader import read_hf_dir
+from dspark_core.models.llama import LlamaTarget
+from dspark_core.models.loading import checkpoint_architecture, load_target
+from dspark_core.models.random_models import random_target_tensors, tiny_target_config
+from dspark_core.models.tokenizer import render_chatml
+
+CHATML = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+
+
+def byte_chars() -> list[str]:
+    """The 256 printable stand-ins byte-level BPE uses for raw bytes."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+VOCAB = byte_chars() + ["he", "Ġt", "Ġthe", "<|im_start|>", "<|im_end|>"]
+MERGES = ["h e", "Ġ t", "Ġt he"]
+CFG = tiny_target_config(vocab_size=len(VOCAB), num_layers=2, bos_token_id=len(VOCAB) - 2, eos_token_ids=(len(VOCAB) - 1,))
+
+
+def interleave_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k rows (the loader must undo it)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path: Path, tensors: dict[str, torch.Tensor], arch: str = "llama") -> None:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(CFG.num_layers)
+    w.add_context_length(CFG.max_position)
+    w.add_embedding_length(CFG.hidden_size)
+    w.add_feed_forward_length(CFG.intermediate_size)
+    w.add_head_count(CFG.num_heads)
+    w.add_head_count_kv(CFG.num_kv_heads)
+    w.add_rope_freq_base(CFG.rope_theta)
+    w.add_layer_norm_rms_eps(CFG.rms_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(VOCAB)
+    w.add_token_merges(MERGES)
+    w.add_token_types([1] * (len(VOCAB) - 2) + [3, 3])
+    w.add_bos_token_id(CFG.bos_token_id)
+    w.add_eos_token_id(CFG.eos_token_ids[0])
+    w.add_chat_template(CHATML)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for hf, t in tensors.items():
+        a = t.numpy().astype(np.float32)
+        if hf in names:
+            name = names[hf]
+        else:
+            _, _, i, rest = hf.split(".", 3)
+            base = rest.rsplit(".", 1)[0]
+            name = f"blk.{i}.{layer[base]}.weight"
+            if arch == "llama" and base == "self_attn.q_proj":
+                a = interleave_rope_rows(a, CFG.num_heads)
+            elif arch == "llama" and base == "self_attn.k_proj":
+                a = interleave_rope_rows(a, CFG.num_kv_heads)
+        if name == "token_embd.weight":  # exercise the dequantization path
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    return random_target_tensors(CFG, seed=21)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_matches_original_weights(tmp_path, tensors, arch):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tensors, arch)
+    assert gguf_architecture(path) == arch == checkpoint_architecture(path)
+    cfg, loaded, tok = read_gguf(path)
+    assert cfg.tie_embeddings and cfg.num_layers == 2 and cfg.vocab_size == len(VOCAB)
+    embed = tensors["model.embed_tokens.weight"].numpy()
+    expected = dict(tensors)
+    expected["model.embed_tokens.weight"] = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(embed, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0))
+    ours = load_target(path)
+    ref = LlamaTarget(CFG, expected)
+    batch = make_forward_batch([[5, 70, 33, 260]], [0], [0])
+    torch.testing.assert_close(ours.forward(batch, ours.new_cache(1, 8)).logits, ref.forward(batch, ref.new_cache(1, 8)).logits, atol=1e-5, rtol=1e-5)
+    # Tokenizer from metadata: merges, byte fallback, special tokens, chat template.
+    ids = tok.encode("a the he<|im_end|>")
+    assert ids[-1] == CFG.eos_token_ids[0] and VOCAB.index("Ġthe") in ids
+    assert tok.decode(tok.encode("Hi, the café!")) == "Hi, the café!"
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chatml_fallback_matches_jinja_and_keeps_default_system():
+    template = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nBe kind.<|im_end|>\n' }}{% endif %}" + CHATML
+    msgs = [{"role": "user", "content": "hello"}]
+    text = render_chatml(template, msgs)
+    assert text == "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ModelError, match="not ChatML"):
+        render_chatml("{{ bos_token }}{{ messages[0]['content'] }}", msgs)
+
+
+def test_gguf_errors(tmp_path, tensors):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(ModelError, match="bad magic"):
+        load_target(bad)
+    with pytest.raises(ModelError, match="no such model"):
+        load_target(tmp_path / "missing.gguf")
+    partial = dict(tensors)
+    del partial["model.layers.1.mlp.up_proj.weight"]
+    path = tmp_path / "partial.gguf"
+    write_gguf(path, partial)
+    with pytest.raises(ModelError, match="model.layers.1.mlp.up_proj.weight"):
+        load_target(path)
+
+
+def write_hf(directory: Path, tensors: dict[str, torch.Tensor], **config_overrides) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen3", "vocab_size": CFG.vocab_size, "hidden_size": CFG.hidden_size, "intermediate_size": CFG.intermediate_size,
+              "num_hidden_layers": CFG.num_layers, "num_attention_heads": CFG.num_heads, "num_key_value_heads": CFG.num_kv_heads,
+              "head_dim": CFG.head_dim, "max_position_embeddings": CFG.max_position, "rope_theta": CFG.rope_theta,
+              "rms_norm_eps": CFG.rms_eps, "tie_word_embeddings": False, "eos_token_id": CFG.eos_token_ids[0]}
+    config.update(config_overrides)
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    from dspark_core.models.tokenizer import bpe_tokenizer_from_vocab
+
+    bpe_tokenizer_from_vocab(VOCAB, MERGES, [len(VOCAB) - 2, len(VOCAB) - 1], "smollm").save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    return directory
+
+
+def test_hf_dir_qwen3(tmp_path):
+    cfg = tiny_target_config(vocab_size=len(VOCAB), num_layers=2, qk_norm=True, tie_embeddings=False, architecture="qwen3")
+    tensors = random_target_tensors(cfg, seed=2)
+    write_hf(tmp_path / "m", tensors)
+    model = load_target(tmp_path / "m")
+    ref = LlamaTarget(cfg, tensors)
+    batch = make_forward_batch([[1, 2, 3]], [0], [0])
+    torch.testing.assert_close(model.forward(batch, model.new_cache(1, 4)).logits, ref.forward(batch, ref.new_cache(1, 4)).logits)
+    assert model.tokenizer.encode_chat("the")[-1] == VOCAB.index(byte_chars()[10])
+
+
+def test_hf_dir_errors(tmp_path, tensors):
+    write_hf(tmp_path / "a", tensors, model_type="llama", tie_word_embeddings=True)
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    del cfg["num_attention_heads"]
+    (tmp_path / "a" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="'num_attention_heads' is missing"):
+        read_hf_dir(tmp_path / "a")
+    write_hf(tmp_path / "b", tensors, model_type="gpt_neox")
+    with pytest.raises(ModelError, match="model_type 'gpt_neox'"):
+        read_hf_dir(tmp_path / "b")
+    with pytest.raises(ModelError, match="architecture 'gpt_neox' is not supported"):
+        load_target(tmp_path / "b")
+    write_hf(tmp_path / "c", tensors, model_type="llama", tie_word_embeddings=False)
+    with pytest.raises(ModelError, match="'lm_head.weight'"):
+        load_target(tmp_path / "c")
+    (tmp_path / "c" / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match="tokenizer.json: file not found"):
+        read_hf_dir(tmp_path / "c")
