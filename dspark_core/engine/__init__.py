@@ -1,0 +1,1 @@
+"""The decode engine: requests -> scheduler -> model runner -> step (propose, budget, verify, commit)."""

@@ -1,0 +1,113 @@
+"""A generation request and its per-request statistics."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Sequence
+
+from attrs import define, field, frozen
+
+_ids = itertools.count()
+
+
+@frozen
+class SamplingParams:
+    """Greedy decoding limits of one request."""
+
+    max_tokens: int = 128
+    stop: tuple[str, ...] = field(default=(), converter=tuple)
+    ignore_eos: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@define
+class RequestStats:
+    """Speculation statistics; acceptance = accepted / verified drafted tokens."""
+
+    steps: int = 0
+    drafted_verified: int = 0
+    drafted_accepted: int = 0
+    verify_widths: list[int] = field(factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.drafted_accepted / self.drafted_verified if self.drafted_verified else 0.0
+
+    @property
+    def accepted_length(self) -> float:
+        """Mean committed tokens per decode step, bonus included (tau)."""
+        return (self.drafted_accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+@define(eq=False)
+class Request:
+    """One prompt being decoded. ``output`` holds committed token ids (prefill's first token included)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    request_id: str = field(factory=lambda: f"req-{next(_ids)}")
+    status: Status = Status.WAITING
+    slot: int = -1
+    output: list[int] = field(factory=list)
+    finish_reason: str | None = None
+    stats: RequestStats = field(factory=RequestStats)
+    text: str = ""  # detokenized output, set when stop strings are checked or at finish
+
+    @property
+    def length(self) -> int:
+        """Tokens in the sequence so far (prompt + committed output)."""
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output)
+
+    @property
+    def anchor(self) -> int:
+        """The last committed token: the next step's anchor row."""
+        return self.output[-1]
+
+    @property
+    def anchor_position(self) -> int:
+        return self.length - 1
+
+
+@frozen
+class RequestOutput:
+    """A finished request as the API returns it."""
+
+    request_id: str
+    prompt_tokens: int
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str
+    steps: int
+    acceptance: float
+    accepted_length: float
+    verify_widths: tuple[int, ...]
+
+
+def make_output(request: Request) -> RequestOutput:
+    """Freeze a finished request into its output record."""
+    s = request.stats
+    return RequestOutput(request.request_id, len(request.prompt), tuple(request.output), request.text,
+                         request.finish_reason or "length", s.steps, s.acceptance, s.accepted_length,
+                         tuple(s.verify_widths))
+
+
+def truncate_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> int | None:
+    """Index just past the first EOS token in ``tokens`` (None when there is none)."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return i + 1
+    return None

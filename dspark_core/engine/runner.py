@@ -1,0 +1,81 @@
+"""The model runner: owns the target, the draft, their caches and the width's kernels.
+
+It knows nothing about requests; it runs tensors through models. The engine
+decides what to run, :mod:`dspark_core.engine.step` decides in which order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dspark_core.errors import ConfigError
+from dspark_core.models.base import ForwardBatch, ForwardOutput
+from dspark_kernels import kernels_for
+from dspark_kernels.pack import PackedRows
+
+
+class ModelRunner:
+    """Target + optional DSpark draft over one static slot cache (plus a scratch slot)."""
+
+    def __init__(self, target, draft, *, draft_width: int, num_slots: int, max_len: int) -> None:
+        self.target = target
+        self.draft = draft
+        self.draft_width = draft_width
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.scratch_slot = num_slots
+        self.device = target.device
+        self.kernels = kernels_for(draft_width)
+        self.target_cache = target.new_cache(num_slots + 1, max_len)
+        self.hidden_layers: tuple[int, ...] = ()
+        if draft is not None:
+            available = draft.config.num_speculative_tokens
+            if draft_width > available:
+                raise ConfigError(
+                    f"num_speculative_tokens={draft_width}: the draft proposes at most {available} tokens per block"
+                )
+            draft.bind_target(target)
+            draft.allocate_context(num_slots + 1, max_len)
+            self.hidden_layers = tuple(draft.config.aux_layer_ids)
+
+    def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+        """Target forward that also returns the draft's hidden states when a draft exists."""
+        out = self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers)
+        if logit_rows is not None:
+            return ForwardOutput(out.logits[logit_rows], out.hidden)
+        return out
+
+    def extend_draft_context(self, hidden: torch.Tensor | None, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
+        if self.draft is not None and hidden is not None:
+            self.draft.extend_context(hidden, positions, row_slots)
+
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> list[int]:
+        """Run the prompts, fill both caches, return each request's first greedy token."""
+        tokens = [t for prompt in prompts for t in prompt]
+        positions = [p for prompt in prompts for p in range(len(prompt))]
+        row_slots = [s for prompt, s in zip(prompts, slots) for _ in prompt]
+        offsets = [0]
+        for prompt in prompts:
+            offsets.append(offsets[-1] + len(prompt))
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        batch = ForwardBatch(as_long(tokens), as_long(positions), as_long(list(slots)), as_long(offsets))
+        last_rows = as_long(offsets[1:]) - 1
+        out = self.forward(batch, logit_rows=last_rows)
+        self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
+        return out.logits.argmax(dim=-1).tolist()
+
+    def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafted tokens and their confidences per request."""
+        tokens, confidences = self.draft.propose(anchors, positions, slots)
+        return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
+
+    def verify_batch(self, packed: PackedRows, slots: torch.Tensor) -> ForwardBatch:
+        """The packed rows as a forward batch; tier padding becomes one extra request on the scratch slot."""
+        total = int(packed.tokens.shape[0])
+        offsets = packed.row_offsets
+        if int(offsets[-1]) < total:
+            slots = torch.cat([slots, slots.new_tensor([self.scratch_slot])])
+            offsets = torch.cat([offsets, offsets.new_tensor([total])])
+        return ForwardBatch(packed.tokens, packed.positions, slots, offsets)

@@ -1,0 +1,136 @@
+"""Engine exactness: speculative output is token-identical to target-only greedy decoding
+for every policy and budget, at batch 1 and 16, with and without an installed cost table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError
+from engine_support import OracleDraft, greedy_references, random_prompts, synthetic_table, tiny_pair
+
+MAX_TOKENS = 24
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_pair(seed=3)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(20, seed=5)
+
+
+@pytest.fixture(scope="module")
+def references(models, prompts):
+    return greedy_references(models[0], prompts, MAX_TOKENS)
+
+
+def run(target, draft, prompts, width, policy, options=None, *, batch=16, table=None):
+    config = EngineConfig(draft_width=width, policy=policy, policy_options=options or {},
+                          request_buckets=tuple(b for b in BUCKETS if b <= batch), max_model_len=160)
+    engine = Engine(target, draft, config)
+    if table is not None:
+        engine.install_table(table)
+    if isinstance(draft, OracleDraft):
+        draft.engine = engine
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    return engine, outputs
+
+
+POLICIES = [("none", {}), ("adaptive", {})] + [("fixed", {"k": k}) for k in range(0, 8)]
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("policy,options", POLICIES, ids=lambda v: str(v))
+def test_random_draft_is_exact(models, prompts, references, policy, options, batch):
+    target, draft = models
+    engine, outputs = run(target, draft, prompts, 7, policy, options, batch=batch, table=synthetic_table(7, BUCKETS))
+    assert [list(o.token_ids) for o in outputs] == references
+    assert engine.counters.committed_tokens == MAX_TOKENS * len(prompts)
+
+
+@pytest.mark.parametrize("width", [5, 7])
+@pytest.mark.parametrize("policy,options", [("adaptive", {}), ("adaptive", {"tier_lag": 2}), ("fixed", {"k": 2}),
+                                            ("fixed", {}), ("none", {})], ids=str)
+def test_accepting_draft_is_exact_and_accepts(models, prompts, references, policy, options, width):
+    target, draft = models
+    oracle = OracleDraft(draft, {tuple(p): r for p, r in zip(prompts, references)}, seed=width)
+    engine, outputs = run(target, oracle, prompts, width, policy, options, table=synthetic_table(width, BUCKETS))
+    assert [list(o.token_ids) for o in outputs] == references
+    if policy != "none" and options.get("k", 1) > 0:
+        # the accept path really ran: several tokens per step on average
+        assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.5
+        assert engine.counters.steps < MAX_TOKENS * len(prompts) / 16 * 2
+    widths = {w for o in outputs for w in o.verify_widths}
+    if policy == "adaptive":
+        assert len(widths) > 1  # the budget actually varies with confidence
+        assert engine.counters.fallback_steps == 0
+
+
+def test_without_table_adaptive_falls_back_to_full_width(models, prompts, references):
+    target, draft = models
+    engine, outputs = run(target, draft, prompts[:4], 5, "adaptive", batch=4)
+    assert [list(o.token_ids) for o in outputs] == references[:4]
+    assert engine.counters.fallback_steps == engine.counters.steps > 0
+    assert all(set(o.verify_widths) <= {5, MAX_TOKENS % 5 - 1, 0, 1, 2, 3, 4} for o in outputs)
+
+
+def test_stops_at_eos_and_max_tokens(models, prompts, references):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2)))
+    # pretend the 5th generated token of the first reference is EOS
+    eos = references[0][4]
+    engine.eos_ids = (eos,)
+    out = engine.generate([prompts[0], prompts[1]], [SamplingParams(max_tokens=MAX_TOKENS), SamplingParams(max_tokens=3)])
+    cut = references[0].index(eos)
+    assert list(out[0].token_ids) == references[0][:cut] and out[0].finish_reason == "stop"
+    assert list(out[1].token_ids) == references[1][:3] and out[1].finish_reason == "length"
+
+
+def test_requests_join_and_leave_between_steps(models, prompts, references):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4)))
+    first = engine.add_request(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.step()
+    late = engine.add_request(prompts[1], SamplingParams(max_tokens=5, ignore_eos=True))
+    done = {}
+    while len(done) < 2:
+        done.update({o.request_id: o for o in engine.step()})
+    assert list(done[first.request_id].token_ids) == references[0]
+    assert list(done[late.request_id].token_ids) == references[1][:5]
+    assert engine.storage.free_slots == 4
+
+
+def test_more_prompts_than_slots_queue(models, prompts, references):
+    target, draft = models
+    engine, outputs = run(target, draft, prompts, 5, "fixed", {"k": 3}, batch=2)
+    assert [list(o.token_ids) for o in outputs] == references
+
+
+def test_bad_requests_are_clear_errors(models):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, request_buckets=(1,), max_model_len=64))
+    with pytest.raises(ConfigError, match="prompt: must not be empty"):
+        engine.add_request([], SamplingParams())
+    with pytest.raises(ConfigError, match="exceeds max_model_len 64"):
+        engine.add_request([1] * 40, SamplingParams(max_tokens=30))
+    with pytest.raises(ConfigError, match="cost table is for draft_width 7"):
+        engine.install_table(synthetic_table(7, (1,)))
+
+
+def test_policy_with_draft_needs_a_draft(models):
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        Engine(models[0], None, EngineConfig(policy="adaptive"))
+    Engine(models[0], None, EngineConfig(policy="none"))  # target-only needs none
+
+
+def test_width_above_draft_block_is_refused(models):
+    target, _ = models
+    _, small = tiny_pair(seed=3, block_size=4)
+    with pytest.raises(ConfigError, match="proposes at most 4 tokens"):
+        Engine(target, small, EngineConfig(draft_width=5))
