@@ -22,9 +22,13 @@ HELP = "Show, validate or plot a saved cost table."
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``show``, ``validate`` and ``plot`` actions."""
     actions = parser.add_subparsers(dest="table_action", metavar="ACTION", required=True)
-    show = actions.add_parser("show", help="Print width, model, coverage, fingerprint and the predicted cost grid.")
-    validate = actions.add_parser("validate", help="Check a table strictly, and against a launch with --against.")
-    plot = actions.add_parser("plot", help="Plot measured points against the fitted surface (PNG).")
+    texts = {
+        "show": "`show FILE`: print width, model, coverage, fingerprint and the predicted cost grid.",
+        "validate": "`validate FILE [--against SERVE_FLAGS...]`: check a table strictly and, with --against, "
+                    "against that launch; exit 1 listing every mismatching field.",
+        "plot": "`plot FILE -o PNG`: plot measured points against the fitted surface.",
+    }
+    show, validate, plot = (actions.add_parser(name, help=text, description=text) for name, text in texts.items())
     for action in (show, validate, plot):
         action.add_argument("file", metavar="FILE", help="Cost table JSON (bundle, bare or legacy).")
         action.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE",
