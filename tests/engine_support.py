@@ -77,8 +77,9 @@ class OracleDraft:
         return tokens, confidences
 
     def _sequence_for(self, slot: int) -> list[int] | None:
-        request = next(r for r in self.engine.scheduler.running if r.slot == slot)
-        return list(request.prompt) + self.continuations[tuple(request.prompt)]
+        # with schedule overlap a step may still run for a request the host already finished
+        request = next((r for r in list(self.engine.scheduler.running) if r.slot == slot), None)
+        return None if request is None else list(request.prompt) + self.continuations[tuple(request.prompt)]
 
 
 def greedy_references(target, prompts, max_tokens):

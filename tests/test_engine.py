@@ -30,37 +30,43 @@ def references(models, prompts):
     return greedy_references(models[0], prompts, MAX_TOKENS)
 
 
-def run(target, draft, prompts, width, policy, options=None, *, batch=16, table=None):
+def run(target, draft, prompts, width, policy, options=None, *, batch=16, table=None, overlap=False):
     config = EngineConfig(draft_width=width, policy=policy, policy_options=options or {},
-                          request_buckets=tuple(b for b in BUCKETS if b <= batch), max_model_len=160)
+                          request_buckets=tuple(b for b in BUCKETS if b <= batch), max_model_len=160,
+                          schedule_overlap=overlap)
     engine = Engine(target, draft, config)
     if table is not None:
         engine.install_table(table)
     if isinstance(draft, OracleDraft):
         draft.engine = engine
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.close()
     return engine, outputs
 
 
 POLICIES = [("none", {}), ("adaptive", {})] + [("fixed", {"k": k}) for k in range(0, 8)]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("batch", [1, 16])
 @pytest.mark.parametrize("policy,options", POLICIES, ids=lambda v: str(v))
-def test_random_draft_is_exact(models, prompts, references, policy, options, batch):
+def test_random_draft_is_exact(models, prompts, references, policy, options, batch, overlap):
     target, draft = models
-    engine, outputs = run(target, draft, prompts, 7, policy, options, batch=batch, table=synthetic_table(7, BUCKETS))
+    engine, outputs = run(target, draft, prompts, 7, policy, options, batch=batch, table=synthetic_table(7, BUCKETS),
+                          overlap=overlap)
     assert [list(o.token_ids) for o in outputs] == references
     assert engine.counters.committed_tokens == MAX_TOKENS * len(prompts)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("width", [5, 7])
 @pytest.mark.parametrize("policy,options", [("adaptive", {}), ("adaptive", {"tier_lag": 2}), ("fixed", {"k": 2}),
                                             ("fixed", {}), ("none", {})], ids=str)
-def test_accepting_draft_is_exact_and_accepts(models, prompts, references, policy, options, width):
+def test_accepting_draft_is_exact_and_accepts(models, prompts, references, policy, options, width, overlap):
     target, draft = models
     oracle = OracleDraft(draft, {tuple(p): r for p, r in zip(prompts, references)}, seed=width)
-    engine, outputs = run(target, oracle, prompts, width, policy, options, table=synthetic_table(width, BUCKETS))
+    engine, outputs = run(target, oracle, prompts, width, policy, options, table=synthetic_table(width, BUCKETS),
+                          overlap=overlap)
     assert [list(o.token_ids) for o in outputs] == references
     if policy != "none" and options.get("k", 1) > 0:
         # the accept path really ran: several tokens per step on average
@@ -85,16 +91,18 @@ def test_stops_at_eos_and_max_tokens(models, prompts, references):
     engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2)))
     # pretend the 5th generated token of the first reference is EOS
     eos = references[0][4]
-    engine.eos_ids = (eos,)
+    engine.stops.eos_ids = (eos,)
     out = engine.generate([prompts[0], prompts[1]], [SamplingParams(max_tokens=MAX_TOKENS), SamplingParams(max_tokens=3)])
     cut = references[0].index(eos)
     assert list(out[0].token_ids) == references[0][:cut] and out[0].finish_reason == "stop"
     assert list(out[1].token_ids) == references[1][:3] and out[1].finish_reason == "length"
 
 
-def test_requests_join_and_leave_between_steps(models, prompts, references):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_requests_join_and_leave_between_steps(models, prompts, references, overlap):
     target, draft = models
-    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4)))
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4),
+                                                schedule_overlap=overlap))
     first = engine.add_request(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     engine.step()
     late = engine.add_request(prompts[1], SamplingParams(max_tokens=5, ignore_eos=True))
@@ -104,6 +112,7 @@ def test_requests_join_and_leave_between_steps(models, prompts, references):
     assert list(done[first.request_id].token_ids) == references[0]
     assert list(done[late.request_id].token_ids) == references[1][:5]
     assert engine.storage.free_slots == 4
+    engine.close()
 
 
 def test_more_prompts_than_slots_queue(models, prompts, references):

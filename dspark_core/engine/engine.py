@@ -1,8 +1,9 @@
 """The engine: request lifecycle around the decode step.
 
 ``Engine.generate`` is the in-process API used by tests, the benchmark and
-the HTTP server. Each iteration admits waiting requests (prefill), runs one
-decode step for every running request and retires finished ones.
+the HTTP server. Each iteration admits waiting requests (prefill), launches
+one decode step for every running request and processes finished device work:
+at once without schedule overlap, one step later with it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import numpy as np
 import torch
 from attrs import field, frozen
 
-from dspark_core.engine.request import Request, RequestOutput, SamplingParams, make_output, truncate_at_eos
+from dspark_core.engine.costs import TierCosts
+from dspark_core.engine.pipeline import DeviceQueue, Job
+from dspark_core.engine.request import Request, RequestOutput, SamplingParams, make_output
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.scheduler import Scheduler
 from dspark_core.engine.slots import SlotStorage
-from dspark_core.engine.step import DecodeStep
+from dspark_core.engine.step import DecodeStep, StepResult, collect
+from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
 from dspark_core.plugins import Hooks, default_hooks
@@ -35,6 +39,7 @@ class EngineConfig:
     request_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), converter=tuple)
     max_model_len: int = 2048
     max_prefill_tokens: int = 8192
+    schedule_overlap: bool = False  # launch step t+1 before step t's results are back
 
 
 @frozen
@@ -66,33 +71,22 @@ class Engine:
                                   num_slots=num_slots, max_len=self.max_model_len)
         self.storage = SlotStorage(num_slots, config.draft_width, self.max_model_len, device=self.runner.device)
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
+        self.queue = DeviceQueue(config.schedule_overlap)
+        self.costs = TierCosts(self.geometry)
         self.tokenizer = getattr(target, "tokenizer", None)
-        self.eos_ids = tuple(target.config.eos_token_ids)
-        self.table = None
-        self._tier_costs: dict[tuple[int, int], np.ndarray | None] = {}
+        self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
         self._steps = self._fallbacks = self._committed = 0
+        self._pending_release: set[int] = set()  # finished slots a launched step may still write
 
-    # -- cost table ------------------------------------------------------------
     def install_table(self, table) -> None:
-        """Install an immutable cost table (before serving); clears cached per-tier costs."""
+        """Install an immutable cost table before serving."""
         if table is not None and table.draft_width != self.config.draft_width:
             raise ConfigError(f"cost table is for draft_width {table.draft_width}, the launch uses {self.config.draft_width}")
-        self.table = table
-        self._tier_costs.clear()
+        self.costs.install(table)
 
-    def tier_costs(self, bucket: int, kv_length: int) -> np.ndarray | None:
-        """Seconds per captured tier of ``bucket`` at ``kv_length`` (None: no calibrated profile)."""
-        if self.table is None:
-            return None
-        fit = self.table.fit_for(kv_length)
-        if fit is None:
-            return None
-        key = (bucket, self.table.fits.index(fit))
-        if key not in self._tier_costs:
-            costs = [fit.cost.predict_seconds(bucket, rows) for rows in self.geometry.rows_for(bucket)]
-            values = np.array([np.nan if c is None else c for c in costs], dtype=np.float64)
-            self._tier_costs[key] = None if np.isnan(values).all() else values
-        return self._tier_costs[key]
+    @property
+    def table(self):
+        return self.costs.table
 
     # -- requests --------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[Mapping[str, str]]) -> list[int]:
@@ -110,83 +104,111 @@ class Engine:
         ids = self.encode(prompt)
         if not ids:
             raise ConfigError("prompt: must not be empty")
-        need = len(ids) + params.max_tokens + self.config.draft_width + 1
+        # room for the output plus two launched steps of K+1 rows past the last commit
+        need = len(ids) + params.max_tokens + 2 * (self.config.draft_width + 1)
         if need > self.max_model_len:
             raise ConfigError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) + draft width + 1 = {need} "
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) + 2 x (draft width + 1) = {need} "
                 f"exceeds max_model_len {self.max_model_len}"
             )
         request = Request(ids, params)
         self.scheduler.add(request)
         return request
 
+    def cancel(self, request: Request) -> None:
+        """Stop a request (client went away); its slot is freed once no step uses it."""
+        self._release(self.scheduler.finish(request, "cancelled"))
+
     # -- the loop --------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: prefill newly admitted requests, one decode step for all running ones."""
+        """One iteration: launch prefill and a decode step, then process finished device work."""
         finished: list[RequestOutput] = []
         admitted = self.scheduler.admit()
         if admitted:
-            first = self.runner.prefill([r.prompt for r in admitted], [r.slot for r in admitted])
-            for request, token in zip(admitted, first):
-                self._append(request, [token], finished)
+            self.queue.submit("prefill", admitted, self._device_prefill, [r.prompt for r in admitted],
+                              [r.slot for r in admitted])
         running = list(self.scheduler.running)
         if running:
-            self._decode(running, finished)
+            step = self._build_step(running)
+            self.queue.submit("decode", running, self._device_decode, step, context=step.tier_context)
+        while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
+            self._process(*self.queue.pop_oldest(), finished)
         return finished
 
-    def _decode(self, running: list[Request], finished: list[RequestOutput]) -> None:
-        device = self.runner.device
-        n = len(running)
+    def _build_step(self, running: list[Request]) -> DecodeStep:
+        """Host-side preparation of a decode step (overlaps the previous step's execution)."""
+        width, n = self.config.draft_width, len(running)
         bucket = self.geometry.bucket_for(n)
-        width = self.config.draft_width
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        positions = [r.anchor_position for r in running]
+        kv = max(r.length for r in running) + 2 * (width + 1)
+        ctx = TierContext(bucket, n, width, self.geometry.rows_for(bucket), self.costs.for_step(bucket, kv))
+        device = self.runner.device
         # verifying past max_tokens is wasted work: the bonus token always commits
-        caps = [max(0, min(width, r.remaining - 1)) for r in running]
-        kv = max(positions) + width + 1
-        ctx = TierContext(bucket, n, width, self.geometry.rows_for(bucket), self.tier_costs(bucket, kv))
-        step = DecodeStep(self.runner, self.storage, self.policy, ctx, as_long([r.slot for r in running]),
-                          as_long([r.anchor for r in running]), as_long(positions), as_long(caps))
+        caps = torch.tensor([max(0, min(width, r.remaining - 1)) for r in running], dtype=torch.int64, device=device)
+        step = DecodeStep(self.runner, self.storage, self.policy, ctx,
+                          torch.tensor([r.slot for r in running], dtype=torch.int64, device=device), caps)
+        lag = self.policy.tier_lag
+        if self.queue.depth > 1 or lag > 0:
+            step.tier_confidences = np.stack([self._known_confidences(r, max(lag, 1)) for r in running])
+        return step
+
+    def _known_confidences(self, request: Request, lag: int) -> np.ndarray:
+        history = request.confidence_history
+        if not history:  # nothing drafted yet: assume every token survives (full width)
+            return np.ones(self.config.draft_width)
+        return history[-lag] if len(history) >= lag else history[0]
+
+    def _device_prefill(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
+        first = self.runner.prefill(prompts, slots)
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.runner.device)  # noqa: E731
+        self.storage.start(as_long(slots), as_long([len(p) for p in prompts]), first)
+        return first.tolist()
+
+    def _device_decode(self, step: DecodeStep) -> StepResult:
         proposal = self.hooks.propose(step)
         budget = self.hooks.select_budget(step, proposal)
         verification = self.hooks.verify(step, proposal, budget)
         self.hooks.commit(step, verification)
-        self._steps += 1
-        self._fallbacks += int(budget.choice.fallback)
-        accepted = verification.acceptance.accepted.tolist()
-        committed = verification.acceptance.committed.tolist()
-        lengths = budget.lengths.tolist()
-        for i, request in enumerate(running):
-            stats = request.stats
-            stats.steps += 1
-            stats.drafted_verified += lengths[i]
-            stats.drafted_accepted += accepted[i]
-            stats.verify_widths.append(lengths[i])
-            self._append(request, committed[i][: accepted[i] + 1], finished)
+        return collect(proposal, budget, verification)
+
+    def _process(self, job: Job, result: Any, finished: list[RequestOutput]) -> None:
+        """Apply a finished job's results to its requests (already-finished ones are skipped)."""
+        if job.kind == "prefill":
+            for request, token in zip(job.requests, result):
+                self._append(request, [token], finished)
+        else:
+            self._steps += 1
+            self._fallbacks += int(result.choice.fallback)
+            for i, request in enumerate(job.requests):
+                if request.finish_reason is not None:
+                    continue  # finished on an earlier result; this step's tokens are past its end
+                stats = request.stats
+                stats.steps += 1
+                stats.drafted_verified += result.lengths[i]
+                stats.drafted_accepted += result.accepted[i]
+                stats.verify_widths.append(result.lengths[i])
+                request.confidence_history.append(result.confidences[i])
+                self._append(request, result.committed[i][: result.accepted[i] + 1], finished)
+        self._release_idle_slots()
 
     def _append(self, request: Request, tokens: list[int], finished: list[RequestOutput]) -> None:
-        """Add committed tokens to a request and retire it when a stop condition is met."""
-        reason = None
-        if not request.params.ignore_eos:
-            cut = truncate_at_eos(tokens, self.eos_ids)
-            if cut is not None:
-                tokens, reason = tokens[: cut - 1], "stop"
-        room = request.remaining
-        if len(tokens) >= room:
-            tokens = tokens[:room]
-            reason = reason or "length"
-        request.output.extend(tokens)
-        self._committed += len(tokens)
-        if request.params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output)
-            hits = [text.index(s) for s in request.params.stop if s in text]
-            if hits:
-                request.text, reason = text[: min(hits)], "stop"
+        before = len(request.output)
+        reason = self.stops.append(request, tokens)
+        self._committed += len(request.output) - before
         if reason is not None:
-            if self.tokenizer is not None and not (request.params.stop and reason == "stop" and request.text):
-                request.text = self.tokenizer.decode(request.output)
-            self.scheduler.finish(request, reason)
+            self._release(self.scheduler.finish(request, reason))
             finished.append(make_output(request))
+
+    # -- slots -----------------------------------------------------------------
+    def _release(self, slot: int | None) -> None:
+        if slot is not None:
+            self._pending_release.add(slot)
+            self._release_idle_slots()
+
+    def _release_idle_slots(self) -> None:
+        busy = self.queue.slots_in_flight()
+        for slot in sorted(self._pending_release - busy):
+            self.storage.release(slot)
+        self._pending_release &= busy
 
     def generate(self, prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, str]]],
                  params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[RequestOutput]:
@@ -202,3 +224,7 @@ class Engine:
     @property
     def counters(self) -> EngineCounters:
         return EngineCounters(self._steps, self._fallbacks, self._committed)
+
+    def close(self) -> None:
+        """Stop the device executor (pending work finishes first)."""
+        self.queue.close()

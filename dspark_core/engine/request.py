@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections import deque
 from collections.abc import Sequence
+
+import numpy as np
 
 from attrs import define, field, frozen
 
@@ -62,6 +65,8 @@ class Request:
     finish_reason: str | None = None
     stats: RequestStats = field(factory=RequestStats)
     text: str = ""  # detokenized output, set when stop strings are checked or at finish
+    # confidences of the request's last two drafted blocks as the host received them
+    confidence_history: deque[np.ndarray] = field(factory=lambda: deque(maxlen=2))
 
     @property
     def length(self) -> int:
@@ -103,11 +108,3 @@ def make_output(request: Request) -> RequestOutput:
     return RequestOutput(request.request_id, len(request.prompt), tuple(request.output), request.text,
                          request.finish_reason or "length", s.steps, s.acceptance, s.accepted_length,
                          tuple(s.verify_widths))
-
-
-def truncate_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> int | None:
-    """Index just past the first EOS token in ``tokens`` (None when there is none)."""
-    for i, token in enumerate(tokens):
-        if token in eos_ids:
-            return i + 1
-    return None

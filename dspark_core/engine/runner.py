@@ -51,7 +51,7 @@ class ModelRunner:
         if self.draft is not None and hidden is not None:
             self.draft.extend_context(hidden, positions, row_slots)
 
-    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> list[int]:
+    def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
         """Run the prompts, fill both caches, return each request's first greedy token."""
         tokens = [t for prompt in prompts for t in prompt]
         positions = [p for prompt in prompts for p in range(len(prompt))]
@@ -64,7 +64,7 @@ class ModelRunner:
         last_rows = as_long(offsets[1:]) - 1
         out = self.forward(batch, logit_rows=last_rows)
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
-        return out.logits.argmax(dim=-1).tolist()
+        return out.logits.argmax(dim=-1)
 
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K drafted tokens and their confidences per request."""

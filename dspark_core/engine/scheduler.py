@@ -30,7 +30,7 @@ class Scheduler:
         """Move waiting requests into free slots; returns those that need prefill now."""
         admitted: list[Request] = []
         budget = self.max_prefill_tokens
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and len(self.running) < self.max_running and self.slots.free_slots:
             head = self.waiting[0]
             # always admit one request even when its prompt alone exceeds the prefill budget
             if admitted and len(head.prompt) > budget:
@@ -43,24 +43,20 @@ class Scheduler:
             admitted.append(head)
         return admitted
 
-    def finish(self, request: Request, reason: str) -> None:
-        """Mark ``request`` finished and free its slot for the next admission."""
+    def finish(self, request: Request, reason: str) -> int | None:
+        """Mark ``request`` finished and take it out of the batch.
+
+        Returns its slot, which the caller frees once no launched step still
+        writes to it (with the task pipeline one may be in flight).
+        """
         request.status = Status.FINISHED
         request.finish_reason = reason
-        if request in self.running:
-            self.running.remove(request)
-        if request.slot >= 0:
-            self.slots.release(request.slot)
-            request.slot = -1
-
-    def cancel(self, request: Request) -> None:
-        """Drop a request wherever it is (client went away)."""
         if request in self.waiting:
             self.waiting.remove(request)
-            request.status = Status.FINISHED
-            request.finish_reason = "cancelled"
-        else:
-            self.finish(request, "cancelled")
+        if request in self.running:
+            self.running.remove(request)
+        slot, request.slot = request.slot, -1
+        return slot if slot >= 0 else None
 
     @property
     def idle(self) -> bool:

@@ -1,9 +1,9 @@
 """Per-slot device storage, sized to the launch's draft width K (never padded to 7).
 
 One slot per concurrently running request, plus one scratch slot that absorbs
-the writes of padding rows. Storage holds the step's drafted tokens and
-confidences, confidence history for lagged tier decisions, committed output
-tokens and lengths.
+the writes of padding rows. A decode step reads its anchors and positions from
+here and its commit writes them back, so step t+1 can be launched before the
+host has seen step t's results (the task pipeline).
 """
 
 from __future__ import annotations
@@ -14,28 +14,24 @@ import torch
 class SlotStorage:
     """Fixed-size tensors indexed by slot id; allocated once at warmup."""
 
-    def __init__(self, num_slots: int, draft_width: int, max_output: int, max_lag: int = 2,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(self, num_slots: int, draft_width: int, max_output: int, device: torch.device | str = "cpu") -> None:
         self.num_slots = num_slots
         self.draft_width = draft_width
         self.scratch_slot = num_slots  # padding rows write here
         total = num_slots + 1
         self.draft_tokens = torch.zeros(total, draft_width, dtype=torch.int64, device=device)
         self.confidences = torch.zeros(total, draft_width, dtype=torch.float32, device=device)
-        # confidence_history[lag] = confidences proposed `lag` steps ago ([0] = this step's)
-        self.confidence_history = torch.ones(max_lag + 1, total, draft_width, dtype=torch.float32, device=device)
+        self.last_token = torch.zeros(total, dtype=torch.int64, device=device)  # the next anchor
+        self.seq_len = torch.zeros(total, dtype=torch.int64, device=device)  # committed tokens incl. prompt
         self.output_tokens = torch.zeros(total, max_output, dtype=torch.int64, device=device)
         self.output_lengths = torch.zeros(total, dtype=torch.int64, device=device)
         self._free = list(range(num_slots - 1, -1, -1))
 
     def acquire(self) -> int:
-        """Take a free slot (raises when none is left: the scheduler admits only up to capacity)."""
+        """Take a free slot (the scheduler admits only up to capacity)."""
         if not self._free:
             raise RuntimeError("no free slot")
-        slot = self._free.pop()
-        self.output_lengths[slot] = 0
-        self.confidence_history[:, slot] = 1.0  # unknown history: assume every draft survives
-        return slot
+        return self._free.pop()
 
     def release(self, slot: int) -> None:
         self._free.append(slot)
@@ -44,13 +40,17 @@ class SlotStorage:
     def free_slots(self) -> int:
         return len(self._free)
 
+    def start(self, slots: torch.Tensor, prompt_lengths: torch.Tensor, first_tokens: torch.Tensor) -> None:
+        """Initialise slots after prefill: the first generated token becomes the anchor."""
+        self.seq_len[slots] = prompt_lengths + 1
+        self.last_token[slots] = first_tokens
+        self.output_lengths[slots] = 1
+        self.output_tokens[slots, 0] = first_tokens
+
+    def anchors(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Anchor token and its position for each slot."""
+        return self.last_token[slots], self.seq_len[slots] - 1
+
     def record_proposal(self, slots: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor) -> None:
-        """Store this step's block and push its confidences into the feedback history."""
         self.draft_tokens[slots] = tokens
         self.confidences[slots] = confidences.float()
-        self.confidence_history[1:, slots] = self.confidence_history[:-1, slots].clone()
-        self.confidence_history[0, slots] = confidences.float()
-
-    def stale_confidences(self, slots: torch.Tensor, lag: int) -> torch.Tensor:
-        """Confidences proposed ``lag`` steps ago for ``slots`` (lag 0 = the current block)."""
-        return self.confidence_history[lag, slots]

@@ -4,13 +4,17 @@ The engine builds a :class:`DecodeStep` for the running requests and calls the
 four step hooks in order; the default implementations below are registered by
 the ``stages`` plugin (``dspark_plugins.stages``) like any other plugin, so a
 third party can replace a stage without forking the engine.
+
+A step reads its anchors from slot storage and its commit writes them back, so
+with the task pipeline the host can launch step t+1 before step t's results
+reach it. Only :func:`collect` copies results to the host, once per step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from attrs import define, field, frozen
+from attrs import define, frozen
 
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
@@ -53,10 +57,21 @@ class DecodeStep:
     policy: object
     tier_context: TierContext
     slots: torch.Tensor  # [n] KV slot of each running request
-    anchors: torch.Tensor  # [n] last committed token
-    positions: torch.Tensor  # [n] position of the anchor
     caps: torch.Tensor  # [n] most drafted tokens each request may verify
-    results: dict = field(factory=dict)  # observers may stash per-step facts here
+    # Confidences the host had when it scheduled the step (one or two steps old);
+    # None: decide the tier on the current proposal (lag 0, no pipelining).
+    tier_confidences: np.ndarray | None = None
+
+
+@frozen
+class StepResult:
+    """Host copy of a finished step: what each request committed and what it drafted."""
+
+    accepted: list[int]
+    committed: list[list[int]]
+    lengths: list[int]
+    confidences: np.ndarray  # [n, K]
+    choice: TierChoice
 
 
 def propose(step: DecodeStep) -> Proposal:
@@ -65,18 +80,19 @@ def propose(step: DecodeStep) -> Proposal:
     if not step.policy.uses_draft:  # type: ignore[attr-defined]
         zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
         return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
-    tokens, confidences = step.runner.propose(step.anchors, step.positions, step.slots)
+    anchors, positions = step.storage.anchors(step.slots)
+    tokens, confidences = step.runner.propose(anchors, positions, step.slots)
     step.storage.record_proposal(step.slots, tokens, confidences)
-    return Proposal(tokens, confidences)
+    return Proposal(tokens, confidences.float())
 
 
 def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
-    """Tier from (possibly older) confidences on the host, split with the current ones."""
+    """Tier from the host's (possibly older) confidences; split with the current ones."""
     policy = step.policy
-    lag = policy.tier_lag  # type: ignore[attr-defined]
-    stale = step.storage.stale_confidences(step.slots, lag) if lag else proposal.confidences
-    caps_host = step.caps.cpu().numpy()
-    choice = policy.choose_tier(step.tier_context, stale.cpu().numpy().astype(np.float64), caps_host)  # type: ignore[attr-defined]
+    tier_confidences = step.tier_confidences
+    if tier_confidences is None:
+        tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
+    choice = policy.choose_tier(step.tier_context, tier_confidences, step.caps.cpu().numpy())  # type: ignore[attr-defined]
     lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice,  # type: ignore[attr-defined]
                            step.tier_context.request_bucket)
     return Budget(choice, lengths)
@@ -85,7 +101,8 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
 def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification:
     """Pack the tier's rows, run the target once, accept the longest matching prefixes."""
     runner = step.runner
-    packed = runner.kernels.pack(step.anchors, proposal.tokens, budget.lengths, step.positions, step.slots,
+    anchors, positions = step.storage.anchors(step.slots)
+    packed = runner.kernels.pack(anchors, proposal.tokens, budget.lengths, positions, step.slots,
                                  budget.choice.rows, runner.scratch_slot)
     out = runner.forward(runner.verify_batch(packed, step.slots))
     greedy = out.logits.argmax(dim=-1)
@@ -101,6 +118,15 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:
-    """Append committed tokens (accepted drafts + bonus) to slot storage."""
-    storage = step.storage
-    commit_tokens(storage.output_tokens, storage.output_lengths, step.slots, verification.acceptance)
+    """Write committed tokens (accepted drafts + bonus) and the next anchors into slot storage."""
+    storage, acceptance = step.storage, verification.acceptance
+    commit_tokens(storage.output_tokens, storage.output_lengths, step.slots, acceptance)
+    storage.last_token[step.slots] = acceptance.committed.gather(1, acceptance.accepted.unsqueeze(1)).squeeze(1)
+    storage.seq_len[step.slots] += acceptance.accepted + 1
+
+
+def collect(proposal: Proposal, budget: Budget, verification: Verification) -> StepResult:
+    """The one device-to-host copy of a step, taken when its results are ready."""
+    acceptance = verification.acceptance
+    return StepResult(acceptance.accepted.tolist(), acceptance.committed.tolist(), budget.lengths.tolist(),
+                      proposal.confidences.cpu().numpy().astype(np.float64), budget.choice)

@@ -1,0 +1,39 @@
+"""Stop conditions: EOS, max_tokens and stop strings, applied as tokens are committed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dspark_core.engine.request import Request
+
+
+class StopChecker:
+    """Appends committed tokens to a request and says why it stops, if it does."""
+
+    def __init__(self, eos_ids: Sequence[int], tokenizer) -> None:
+        self.eos_ids = tuple(eos_ids)
+        self.tokenizer = tokenizer
+
+    def append(self, request: Request, tokens: list[int]) -> str | None:
+        """Extend ``request.output``; return "stop"/"length" when it is finished, else None."""
+        reason = None
+        if not request.params.ignore_eos:
+            for i, token in enumerate(tokens):
+                if token in self.eos_ids:
+                    tokens, reason = tokens[:i], "stop"  # the EOS itself is not output
+                    break
+        room = request.remaining
+        if len(tokens) >= room:
+            tokens, reason = tokens[:room], reason or "length"
+        request.output.extend(tokens)
+        if self.tokenizer is None:
+            return reason
+        if request.params.stop:
+            text = self.tokenizer.decode(request.output)
+            hits = [text.index(s) for s in request.params.stop if s in text]
+            if hits:
+                request.text = text[: min(hits)]
+                return "stop"
+        if reason is not None:
+            request.text = self.tokenizer.decode(request.output)
+        return reason
