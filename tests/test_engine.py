@@ -143,3 +143,16 @@ def test_width_above_draft_block_is_refused(models):
     _, small = tiny_pair(seed=3, block_size=4)
     with pytest.raises(ConfigError, match="proposes at most 4 tokens"):
         Engine(target, small, EngineConfig(draft_width=5))
+
+
+def test_observers_see_every_decode_step(models, prompts):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", policy_options={"k": 2},
+                                                request_buckets=(1, 2, 4)))
+    reports = []
+    engine.add_observer(reports.append)
+    engine.generate(prompts[:3], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert len(reports) == engine.counters.steps
+    assert all(r.request_bucket == 4 and r.target_rows == 4 + sum(r.verify_lengths) for r in reports)
+    assert max(max(r.verify_lengths) for r in reports) == 2
+    assert all(r.committed_tokens == sum(a + 1 for a in r.accepted) for r in reports)

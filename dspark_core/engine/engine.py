@@ -8,7 +8,7 @@ at once without schedule overlap, one step later with it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,20 @@ class EngineConfig:
     max_model_len: int = 2048
     max_prefill_tokens: int = 8192
     schedule_overlap: bool = False  # launch step t+1 before step t's results are back
+
+
+@frozen
+class StepReport:
+    """What observers (metrics, benchmark) learn about each processed decode step."""
+
+    live_requests: int
+    request_bucket: int
+    target_rows: int
+    verify_lengths: tuple[int, ...]
+    accepted: tuple[int, ...]
+    fallback: bool
+    predicted_tokens: float  # the policy's forecast (NaN when it made none)
+    committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
 
 
 @frozen
@@ -77,6 +91,11 @@ class Engine:
         self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
         self._steps = self._fallbacks = self._committed = 0
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
+        self._observers: list[Callable[[StepReport], None]] = []
+
+    def add_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Call ``observer`` on the host after every processed decode step."""
+        self._observers.append(observer)
 
     def install_table(self, table) -> None:
         """Install an immutable cost table before serving."""
@@ -178,6 +197,12 @@ class Engine:
         else:
             self._steps += 1
             self._fallbacks += int(result.choice.fallback)
+            if self._observers:
+                report = StepReport(len(job.requests), job.context.request_bucket, result.choice.rows,
+                                    tuple(result.lengths), tuple(result.accepted), result.choice.fallback,
+                                    result.choice.predicted_tokens, sum(a + 1 for a in result.accepted))
+                for observer in self._observers:
+                    observer(report)
             for i, request in enumerate(job.requests):
                 if request.finish_reason is not None:
                     continue  # finished on an earlier result; this step's tokens are past its end
