@@ -14,6 +14,11 @@ from dspark_core.hookspecs import hookimpl
 
 
 @hookimpl(trylast=True)
+def dspark_warmup(runtime):
+    runtime.runner.warmup(runtime.geometry)
+
+
+@hookimpl(trylast=True)
 def dspark_propose(step):
     return stages.propose(step)
 

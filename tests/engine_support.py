@@ -9,7 +9,7 @@ from dspark_core.costs.base import CostSample
 from dspark_core.geometry import legal_tiers
 from dspark_core.models.random_models import random_draft, random_target, tiny_target_config
 from dspark_core.models.reference import greedy_generate
-from dspark_core.table import default_lookup, fit_table
+from dspark_core.table import CostTable, IntervalFit, default_lookup, fit_table
 
 
 def tiny_pair(seed: int = 0, block_size: int = 7):
@@ -26,7 +26,8 @@ def random_prompts(count: int, seed: int = 0, vocab: int = 90) -> list[list[int]
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def synthetic_table(width: int, buckets: tuple[int, ...], *, per_row: float = 0.002, step: float = 0.01):
+def synthetic_table(width: int, buckets: tuple[int, ...], *, per_row: float = 0.002, step: float = 0.01,
+                    max_kv: int = 4096):
     """An additive cost table with a staircase in rows, as calibration would produce."""
     samples = []
     for bucket in buckets:
@@ -34,9 +35,13 @@ def synthetic_table(width: int, buckets: tuple[int, ...], *, per_row: float = 0.
             seconds = 0.02 + 0.001 * bucket + per_row * rows + step * (rows // 8)
             samples.append(CostSample(bucket, rows, 0, seconds * 4, 4))
     settings = CalibrationSettings(model="additive", draft_width=width, request_buckets=buckets,
-                                   contexts=(ContextInterval(64, 1, 4096),), warmup_steps=1, window_steps=4,
+                                   contexts=(ContextInterval(min(64, max_kv), 1, max_kv),), warmup_steps=1, window_steps=4,
                                    windows_per_point=1, token_seed=1)
-    return fit_table(settings, samples, default_lookup())
+    table = fit_table(settings, samples, default_lookup())
+    if max_kv == 4096:
+        return table
+    # a bare fit limited to one KV interval: longer contexts have no calibrated profile
+    return CostTable(width, "additive", [IntervalFit(settings.contexts[0], table.fits[0].cost)])
 
 
 class OracleDraft:

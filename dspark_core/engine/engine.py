@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from attrs import field, frozen
 
 from dspark_core.engine.costs import TierCosts
+from dspark_core.engine.records import EngineConfig, EngineCounters, StartupWork, StepReport
 from dspark_core.engine.pipeline import DeviceQueue, Job
 from dspark_core.engine.request import Request, RequestOutput, SamplingParams, make_output
 from dspark_core.engine.runner import ModelRunner
@@ -25,51 +25,16 @@ from dspark_core.engine.step import DecodeStep, StepResult, collect
 from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
+from dspark_core.graphs import GraphBackend
 from dspark_core.plugins import Hooks, default_hooks
 from dspark_core.policy import TierContext
-
-
-@frozen
-class EngineConfig:
-    """Engine-level settings (the serve flags map onto these)."""
-
-    draft_width: int = 7
-    policy: str = "adaptive"
-    policy_options: Mapping[str, Any] = field(factory=dict, converter=dict)
-    request_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), converter=tuple)
-    max_model_len: int = 2048
-    max_prefill_tokens: int = 8192
-    schedule_overlap: bool = False  # launch step t+1 before step t's results are back
-
-
-@frozen
-class StepReport:
-    """What observers (metrics, benchmark) learn about each processed decode step."""
-
-    live_requests: int
-    request_bucket: int
-    target_rows: int
-    verify_lengths: tuple[int, ...]
-    accepted: tuple[int, ...]
-    fallback: bool
-    predicted_tokens: float  # the policy's forecast (NaN when it made none)
-    committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
-
-
-@frozen
-class EngineCounters:
-    """Step counters since start (read by tests, metrics and the benchmark)."""
-
-    steps: int
-    fallback_steps: int
-    committed_tokens: int
 
 
 class Engine:
     """Continuous-batching speculative decoding over one target (+ DSpark draft)."""
 
     def __init__(self, target, draft, config: EngineConfig = EngineConfig(), *, hooks: Hooks | None = None,
-                 geometry: Geometry | None = None) -> None:
+                 geometry: Geometry | None = None, graphs: GraphBackend | None = None) -> None:
         self.config = config
         self.hooks = hooks or default_hooks()
         self.policy = self.hooks.budget_policy(config.policy, config.policy_options)
@@ -82,7 +47,7 @@ class Engine:
         # the model's own context limit caps the configured length
         self.max_model_len = min(config.max_model_len, target.config.max_position)
         self.runner = ModelRunner(target, draft if self.policy.uses_draft else None, draft_width=config.draft_width,
-                                  num_slots=num_slots, max_len=self.max_model_len)
+                                  num_slots=num_slots, max_len=self.max_model_len, graphs=graphs)
         self.storage = SlotStorage(num_slots, config.draft_width, self.max_model_len, device=self.runner.device)
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)
@@ -92,6 +57,25 @@ class Engine:
         self._steps = self._fallbacks = self._committed = 0
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
         self._observers: list[Callable[[StepReport], None]] = []
+        self.work = StartupWork()
+        self.ready = False
+
+    # -- startup -----------------------------------------------------------------
+    def warmup(self) -> None:
+        """Allocate and warm/capture every binding key of the captured geometry (the warmup stage)."""
+        self.hooks.warmup(self)
+
+    def mark_ready(self) -> None:
+        """Seal the graph backend: from now on serving may only replay prepared keys."""
+        if self.runner.graphs is not None:
+            self.runner.graphs.seal()
+        self.ready = True
+
+    def work_counters(self) -> dict[str, int]:
+        """Captures, warmups, fits and profiling runs so far (tests assert they stop at ready)."""
+        graphs = self.runner.graphs.counters if self.runner.graphs is not None else None
+        return {"captures": graphs.captures if graphs else 0, "warmups": graphs.warmups if graphs else 0,
+                "fits": self.work.fits, "profiling_runs": self.work.profiling_runs}
 
     def add_observer(self, observer: Callable[[StepReport], None]) -> None:
         """Call ``observer`` on the host after every processed decode step."""

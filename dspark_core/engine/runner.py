@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 
 from dspark_core.errors import ConfigError
+from dspark_core.geometry import Geometry
+from dspark_core.graphs import BindingKey, GraphBackend
 from dspark_core.models.base import ForwardBatch, ForwardOutput
 from dspark_kernels import kernels_for
 from dspark_kernels.pack import PackedRows
@@ -19,8 +21,10 @@ from dspark_kernels.pack import PackedRows
 class ModelRunner:
     """Target + optional DSpark draft over one static slot cache (plus a scratch slot)."""
 
-    def __init__(self, target, draft, *, draft_width: int, num_slots: int, max_len: int) -> None:
+    def __init__(self, target, draft, *, draft_width: int, num_slots: int, max_len: int,
+                 graphs: GraphBackend | None = None) -> None:
         self.target = target
+        self.graphs = graphs
         self.draft = draft
         self.draft_width = draft_width
         self.num_slots = num_slots
@@ -71,11 +75,40 @@ class ModelRunner:
         tokens, confidences = self.draft.propose(anchors, positions, slots)
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
 
-    def verify_batch(self, packed: PackedRows, slots: torch.Tensor) -> ForwardBatch:
-        """The packed rows as a forward batch; tier padding becomes one extra request on the scratch slot."""
+    # -- the verify forward, through the graph backend ---------------------------
+    def binding_key(self, request_bucket: int, target_rows: int) -> BindingKey:
+        return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
+                          str(self.device))
+
+    def verify_inputs(self, packed: PackedRows, slots: torch.Tensor, request_bucket: int) -> dict[str, torch.Tensor]:
+        """Fixed-shape inputs for the key: bucket + 1 requests (empty bucket slots and the padding
+        request sit on the scratch slot), so every step of a key has identical tensor shapes."""
         total = int(packed.tokens.shape[0])
+        extra = request_bucket - slots.shape[0]
         offsets = packed.row_offsets
-        if int(offsets[-1]) < total:
-            slots = torch.cat([slots, slots.new_tensor([self.scratch_slot])])
-            offsets = torch.cat([offsets, offsets.new_tensor([total])])
-        return ForwardBatch(packed.tokens, packed.positions, slots, offsets)
+        slots = torch.cat([slots, slots.new_full((extra + 1,), self.scratch_slot)])
+        offsets = torch.cat([offsets, offsets[-1:].expand(extra), offsets.new_tensor([total])])
+        return {"tokens": packed.tokens, "positions": packed.positions, "slot_ids": slots, "row_offsets": offsets}
+
+    def _verify_fn(self, tokens, positions, slot_ids, row_offsets) -> tuple[torch.Tensor, ...]:
+        out = self.target.forward(ForwardBatch(tokens, positions, slot_ids, row_offsets), self.target_cache,
+                                  hidden_layers=self.hidden_layers)
+        greedy = out.logits.argmax(dim=-1)
+        return (greedy,) if out.hidden is None else (greedy, out.hidden)
+
+    def verify_forward(self, key: BindingKey, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy target tokens [G] and draft hidden states for one verify step."""
+        outputs = self.graphs.run(key, inputs) if self.graphs is not None else self._verify_fn(**inputs)
+        return outputs[0], (outputs[1] if len(outputs) > 1 else None)
+
+    def warmup(self, geometry: Geometry) -> None:
+        """Prepare every (bucket, tier) binding key; writes touch only the scratch slot."""
+        if self.graphs is None:
+            return
+        for bucket in geometry.request_buckets:
+            for rows in geometry.rows_for(bucket):
+                as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+                example = {"tokens": as_long([0] * rows), "positions": as_long(list(range(rows))),
+                           "slot_ids": as_long([self.scratch_slot] * (bucket + 1)),
+                           "row_offsets": as_long([0] * (bucket + 1) + [rows])}
+                self.graphs.prepare(self.binding_key(bucket, rows), self._verify_fn, example)

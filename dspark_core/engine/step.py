@@ -104,16 +104,16 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     anchors, positions = step.storage.anchors(step.slots)
     packed = runner.kernels.pack(anchors, proposal.tokens, budget.lengths, positions, step.slots,
                                  budget.choice.rows, runner.scratch_slot)
-    out = runner.forward(runner.verify_batch(packed, step.slots))
-    greedy = out.logits.argmax(dim=-1)
+    bucket = step.tier_context.request_bucket
+    greedy, hidden = runner.verify_forward(runner.binding_key(bucket, budget.choice.rows),
+                                           runner.verify_inputs(packed, step.slots, bucket))
     grid = gather_target_tokens(greedy, packed.row_offsets, runner.draft_width)
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
     real_rows = int(packed.row_offsets[-1])
-    if out.hidden is not None:
+    if hidden is not None:
         # the draft's context learns the target's view of every real row; rejected rows
         # sit past the new anchor and are overwritten before they are ever attended
-        runner.extend_draft_context(out.hidden[:real_rows], packed.positions[:real_rows],
-                                    packed.row_slots[:real_rows])
+        runner.extend_draft_context(hidden[:real_rows], packed.positions[:real_rows], packed.row_slots[:real_rows])
     return Verification(packed, acceptance, real_rows)
 
 

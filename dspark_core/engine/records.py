@@ -1,0 +1,52 @@
+"""Value objects around the engine: its configuration, counters and per-step reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import define, field, frozen
+
+
+@frozen
+class EngineConfig:
+    """Engine-level settings (the serve flags map onto these)."""
+
+    draft_width: int = 7
+    policy: str = "adaptive"
+    policy_options: Mapping[str, Any] = field(factory=dict, converter=dict)
+    request_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), converter=tuple)
+    max_model_len: int = 2048
+    max_prefill_tokens: int = 8192
+    schedule_overlap: bool = False  # launch step t+1 before step t's results are back
+
+
+@frozen
+class StepReport:
+    """What observers (metrics, benchmark) learn about each processed decode step."""
+
+    live_requests: int
+    request_bucket: int
+    target_rows: int
+    verify_lengths: tuple[int, ...]
+    accepted: tuple[int, ...]
+    fallback: bool
+    predicted_tokens: float  # the policy's forecast (NaN when it made none)
+    committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
+
+
+@define
+class StartupWork:
+    """Startup-only work; none of it may happen after the engine is ready."""
+
+    fits: int = 0
+    profiling_runs: int = 0
+
+
+@frozen
+class EngineCounters:
+    """Step counters since start (read by tests, metrics and the benchmark)."""
+
+    steps: int
+    fallback_steps: int
+    committed_tokens: int

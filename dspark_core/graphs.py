@@ -1,0 +1,161 @@
+"""Graph backends: one prepared executable per binding key, all made before ready.
+
+A binding key fixes everything a captured graph depends on: draft width K,
+request bucket, target rows, dtype and device. Warmup prepares every key the
+calibration or serving may use; after :meth:`GraphBackend.seal` (the engine
+is ready) an unknown key is an error, never a capture, so serving cannot
+recapture. Backends differ only in what "prepare" and "run" mean:
+
+* ``static`` (CPU): preallocated input buffers per key, warmed once, run eagerly;
+* ``cudagraph``: ``torch.cuda.CUDAGraph`` captured per key, replayed;
+* ``aclgraph``: torch_npu's NPU graph captured per key, replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from attrs import define, frozen
+
+from dspark_core.errors import DSparkError
+
+GraphFn = Callable[..., tuple[torch.Tensor, ...]]
+
+
+class GraphError(DSparkError):
+    """A step asked for a binding key that was not prepared at warmup."""
+
+
+@frozen
+class BindingKey:
+    """Everything a prepared graph is specialised for."""
+
+    draft_width: int
+    request_bucket: int
+    target_rows: int
+    dtype: str
+    device: str
+
+    def describe(self) -> str:
+        return f"K={self.draft_width} bucket={self.request_bucket} rows={self.target_rows} {self.dtype}@{self.device}"
+
+
+@define
+class GraphCounters:
+    """Work done by a backend; after ready only ``replays`` may grow."""
+
+    captures: int = 0
+    warmups: int = 0
+    replays: int = 0
+
+
+@define
+class _Prepared:
+    inputs: dict[str, torch.Tensor]
+    outputs: tuple[torch.Tensor, ...] | None
+    graph: object | None
+
+
+class GraphBackend:
+    """Base class: static input buffers per key; subclasses decide capture and replay."""
+
+    name = "base"
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.counters = GraphCounters()
+        self.sealed = False
+        self._prepared: dict[BindingKey, _Prepared] = {}
+        self._fns: dict[BindingKey, GraphFn] = {}
+
+    @property
+    def keys(self) -> tuple[BindingKey, ...]:
+        return tuple(self._prepared)
+
+    def prepare(self, key: BindingKey, fn: GraphFn, example: Mapping[str, torch.Tensor]) -> None:
+        """Allocate static inputs for ``key`` and capture or warm ``fn`` on them."""
+        if self.sealed:
+            raise GraphError(f"graph backend is sealed (engine ready): refusing to prepare {key.describe()}")
+        if key in self._prepared:
+            return
+        inputs = {name: tensor.clone() for name, tensor in example.items()}
+        self._fns[key] = fn
+        self._prepared[key] = self._capture(key, fn, inputs)
+
+    def run(self, key: BindingKey, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Copy ``inputs`` into the key's static buffers and execute."""
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            raise GraphError(f"binding key {key.describe()} was not prepared at warmup")
+        for name, tensor in inputs.items():
+            prepared.inputs[name].copy_(tensor)
+        self.counters.replays += 1
+        return self._replay(key, prepared)
+
+    def seal(self) -> None:
+        """Forbid further preparation (called once the engine is ready)."""
+        self.sealed = True
+
+    # -- subclass API -------------------------------------------------------------
+    def _capture(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
+        raise NotImplementedError
+
+    def _replay(self, key: BindingKey, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+
+class EagerStaticBackend(GraphBackend):
+    """Warm each key once on its preallocated buffers, then run eagerly (CPU)."""
+
+    name = "static"
+
+    def _capture(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
+        fn(**inputs)
+        self.counters.warmups += 1
+        return _Prepared(inputs, None, None)
+
+    def _replay(self, key: BindingKey, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
+        return self._fns[key](**prepared.inputs)
+
+
+class CapturedGraphBackend(GraphBackend):
+    """Capture with a device graph API; subclasses supply the module (torch.cuda or torch.npu)."""
+
+    def _graph_api(self):  # -> object with CUDAGraph/NPUGraph-like class, graph(), Stream, stream()
+        raise NotImplementedError
+
+    def _capture(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
+        api = self._graph_api()
+        side = api.Stream()
+        side.wait_stream(api.current_stream())
+        with api.stream(side):  # warm allocator and kernels outside the capture
+            for _ in range(2):
+                fn(**inputs)
+        api.current_stream().wait_stream(side)
+        self.counters.warmups += 1
+        graph = api.graph_class()
+        with api.graph(graph):
+            outputs = fn(**inputs)
+        self.counters.captures += 1
+        return _Prepared(inputs, tuple(outputs), graph)
+
+    def _replay(self, key: BindingKey, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
+        prepared.graph.replay()  # type: ignore[union-attr]
+        return prepared.outputs  # type: ignore[return-value]
+
+
+@frozen
+class GraphApi:
+    """The handful of device-runtime calls graph capture needs."""
+
+    graph_class: type
+    graph: Callable
+    Stream: type
+    stream: Callable
+    current_stream: Callable
+
+
+def cuda_graph_api() -> GraphApi:
+    return GraphApi(torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Stream, torch.cuda.stream,
+                    torch.cuda.current_stream)

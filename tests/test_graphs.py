@@ -1,0 +1,159 @@
+"""Graph backends: every binding key is prepared at warmup, nothing is prepared after ready."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_core.device import DeviceSpec
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError
+from dspark_core.geometry import Geometry, legal_tiers
+from dspark_core.graphs import BindingKey, CapturedGraphBackend, GraphApi, GraphError
+from dspark_core.plugins import default_hooks
+from engine_support import greedy_references, random_prompts, synthetic_table, tiny_pair
+
+CPU = DeviceSpec("cpu", "cpu", "float32", "static", "gloo")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_pair(seed=11)
+
+
+def static_engine(models, *, buckets=(1, 2, 4), width=5, policy="adaptive", overlap=True, geometry=None):
+    backend = default_hooks().graph_backend("static", CPU)
+    config = EngineConfig(draft_width=width, policy=policy, request_buckets=buckets, max_model_len=160,
+                          schedule_overlap=overlap)
+    engine = Engine(*models, config, graphs=backend, geometry=geometry)
+    engine.warmup()
+    return engine, backend
+
+
+def test_warmup_prepares_every_bucket_and_tier(models):
+    engine, backend = static_engine(models)
+    expected = {(b, g) for b in (1, 2, 4) for g in legal_tiers(b, 5)}
+    assert {(k.request_bucket, k.target_rows) for k in backend.keys} == expected
+    assert all(k.draft_width == 5 and k.dtype == "float64" and k.device == "cpu" for k in backend.keys)
+    assert engine.work_counters()["warmups"] == len(expected)
+    # warmup wrote only into the scratch slot: live slots' caches are still zero
+    assert float(engine.runner.target_cache.keys[:, : engine.runner.num_slots].abs().sum()) == 0.0
+    engine.close()
+
+
+def test_serving_many_shapes_after_ready_prepares_nothing(models):
+    target = models[0]
+    # a table covering only short KV: later steps fall outside and use the full-width path
+    table = synthetic_table(5, (1, 2, 4), max_kv=40)
+    engine, backend = static_engine(models)
+    engine.install_table(table)
+    engine.mark_ready()
+    before = engine.work_counters()
+    prompts = random_prompts(9, seed=2)
+    for batch in (1, 3, 4, 2):  # different live counts -> different buckets and tiers
+        outputs = engine.generate(prompts[:batch], SamplingParams(max_tokens=12, ignore_eos=True))
+        assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts[:batch], 12)
+    assert engine.work_counters() == before
+    assert 0 < engine.counters.fallback_steps < engine.counters.steps  # both paths were served
+    assert backend.counters.replays == engine.counters.steps > 0
+    engine.close()
+
+
+def test_restricted_geometry_uses_only_captured_tiers(models):
+    geometry = Geometry(5, (1, 2), {1: (1, 3, 6), 2: (2, 7, 12)})
+    engine, backend = static_engine(models, buckets=(1, 2), policy="fixed", geometry=geometry)
+    engine.mark_ready()
+    prompts = random_prompts(2, seed=4)
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    assert [list(o.token_ids) for o in outputs] == greedy_references(models[0], prompts, 10)
+    assert len(backend.keys) == 6
+    engine.close()
+
+
+def test_sealed_backend_refuses_unknown_keys(models):
+    engine, backend = static_engine(models, buckets=(1,))
+    engine.mark_ready()
+    key = BindingKey(5, 2, 4, "float64", "cpu")
+    with pytest.raises(GraphError, match="was not prepared at warmup"):
+        backend.run(key, {})
+    with pytest.raises(GraphError, match="sealed"):
+        backend.prepare(key, lambda **_: (torch.zeros(1),), {})
+    engine.close()
+
+
+class RecordingGraph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: replays the captured function."""
+
+    current = None
+
+    def __init__(self):
+        self.fn = None
+
+    def replay(self):
+        self.fn()
+
+
+class RecordingApi:
+    """A CPU stand-in for the device runtime so the capture bookkeeping runs here."""
+
+    def __init__(self):
+        self.captured = []
+
+    def api(self) -> GraphApi:
+        outer = self
+
+        class Ctx:
+            def __init__(self, graph=None):
+                self.graph = graph
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        def graph_ctx(graph):
+            outer.captured.append(graph)
+            return Ctx(graph)
+
+        return GraphApi(RecordingGraph, graph_ctx, Stream, lambda s: Ctx(), lambda: Stream())
+
+
+def test_captured_backend_captures_once_per_key_and_replays_static_buffers():
+    recording = RecordingApi()
+
+    class Backend(CapturedGraphBackend):
+        def _graph_api(self):
+            return recording.api()
+
+    backend = Backend("cpu")
+    key = BindingKey(5, 1, 3, "float32", "cpu")
+    out = torch.zeros(3)
+
+    def fn(x):
+        out.copy_(x * 2)
+        return (out,)
+
+    backend.prepare(key, fn, {"x": torch.ones(3)})
+    backend.prepare(key, fn, {"x": torch.ones(3)})  # second prepare of the same key is a no-op
+    assert backend.counters.captures == 1 and len(recording.captured) == 1
+    graph = recording.captured[0]
+    static_x = backend._prepared[key].inputs["x"]
+    graph.fn = lambda: fn(static_x)
+    (result,) = backend.run(key, {"x": torch.tensor([1.0, 2.0, 3.0])})
+    assert result.tolist() == [2.0, 4.0, 6.0]
+    assert backend.counters.replays == 1
+
+
+@pytest.mark.parametrize("name,device,match", [
+    ("cudagraph", CPU, "cudagraph needs device=cuda"),
+    ("aclgraph", CPU, "aclgraph needs device=npu"),
+])
+def test_device_graph_backends_refuse_the_wrong_device(name, device, match):
+    with pytest.raises(ConfigError, match=match):
+        default_hooks().graph_backend(name, device)
