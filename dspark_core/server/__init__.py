@@ -1,0 +1,22 @@
+"""OpenAI-compatible HTTP serving.
+
+Wiring (what ``dspark-core serve`` does)::
+
+    service = AsyncEngineService(engine, max_pending=256)
+    app = build_app(service, model_name="smollm2")
+    # startup calibration installs the cost table on the engine thread, then:
+    #   service.call(lambda e: e.install_table(table)).result(); service.mark_ready()
+    serve_http(app, host, port)
+
+Modules: :mod:`.service` (engine thread, admission, cancellation),
+:mod:`.schema` (request validation), :mod:`.responses` (OpenAI shapes, SSE),
+:mod:`.metrics` (Prometheus), :mod:`.app` (routes), :mod:`.http` (uvicorn).
+"""
+
+from dspark_core.server.app import build_app
+from dspark_core.server.http import BackgroundServer, serve_http
+from dspark_core.server.metrics import ServerMetrics
+from dspark_core.server.schema import ApiError
+from dspark_core.server.service import AsyncEngineService
+
+__all__ = ["ApiError", "AsyncEngineService", "BackgroundServer", "ServerMetrics", "build_app", "serve_http"]

@@ -1,0 +1,53 @@
+"""What flows between the engine thread and the event loop: a submission and its events."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+from attrs import define, field, frozen
+
+from dspark_core.engine.request import Request, RequestOutput, SamplingParams
+from dspark_core.server.fields import ApiError
+
+_ids = itertools.count()
+
+
+@frozen
+class Tokens:
+    """New committed token ids of a streaming request."""
+
+    ids: tuple[int, ...]
+
+
+@frozen
+class Finished:
+    """The request ended; ``output`` is None only when it was cancelled before it ran."""
+
+    reason: str
+    output: RequestOutput | None
+
+
+@frozen
+class Failed:
+    error: ApiError
+
+
+@define(eq=False)
+class Submission:
+    """One accepted request as both threads see it; the loop side reads ``events``."""
+
+    prompt: list[int]
+    params: SamplingParams
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    submitted: float = field(factory=time.monotonic)
+    sid: int = field(factory=lambda: next(_ids))
+    # written by the engine thread; readable by the loop once the final event arrived
+    request: Request | None = None
+    sent: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+    done: bool = False

@@ -1,0 +1,168 @@
+"""Field checkers for request bodies: each takes (field name, JSON value) and returns the
+normalised value or raises a 400 ApiError that names the field and the expected type."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+MAX_STOP_STRINGS = 4
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class ApiError(Exception):
+    """An error answered to the client as ``{"error": {...}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code=code)
+
+
+JSON_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+               type(None): "null"}
+
+
+def _type_error(param: str, expected: str, value: Any) -> ApiError:
+    return bad(param, f"expected {expected}, got {JSON_NAMES.get(type(value), type(value).__name__)}", "invalid_type")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+# -- field checkers: (name, value) -> normalised value -----------------------------
+def string(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _type_error(name, "string", value)
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _type_error(name, "boolean", value)
+    return value
+
+
+def seed(name: str, value: Any) -> int | None:
+    if value is not None and not _is_int(value):
+        raise _type_error(name, "integer or null", value)
+    return value
+
+
+def max_tokens(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise _type_error(name, "integer or null", value)
+    if value < 1:
+        raise bad(name, f"must be at least 1, got {value}")
+    return value
+
+
+def fixed_number(expected: float, why: str) -> Callable[[str, Any], float]:
+    def check(name: str, value: Any) -> float:
+        if not _is_number(value):
+            raise _type_error(name, "number", value)
+        if value != expected:
+            raise bad(name, f"must be {expected:g} ({why}), got {value}", "unsupported_value")
+        return value
+    return check
+
+
+def temperature(name: str, value: Any) -> float:
+    if not _is_number(value):
+        raise _type_error(name, "number (0)", value)
+    if value != 0:
+        raise bad(name, f"must be 0: this server decodes greedily only, got {value}", "unsupported_value")
+    return 0.0
+
+
+def n(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise _type_error(name, "integer", value)
+    if value != 1:
+        raise bad(name, f"must be 1 (one choice per request), got {value}", "unsupported_value")
+    return value
+
+
+def stop(name: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise _type_error(name, "string, array of strings or null", value)
+    if len(items) > MAX_STOP_STRINGS:
+        raise bad(name, f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
+    if any(s == "" for s in items):
+        raise bad(name, "stop strings must not be empty")
+    return tuple(items)
+
+
+def stream_options(name: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise _type_error(name, "object or null", value)
+    for key in value:
+        if key != "include_usage":
+            raise bad(f"{name}.{key}", "unknown field (only include_usage is supported)", "unknown_field")
+    return boolean(f"{name}.include_usage", value.get("include_usage", False))
+
+
+def prompt(name: str, value: Any) -> str | list[int]:
+    if isinstance(value, str):
+        if not value:
+            raise bad(name, "must not be empty")
+        return value
+    if isinstance(value, list) and all(_is_int(t) for t in value):
+        if not value:
+            raise bad(name, "must not be empty")
+        return list(value)
+    raise _type_error(name, "string or array of token ids (integers)", value)
+
+
+def messages(name: str, value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise _type_error(name, "array of message objects", value)
+    if not value:
+        raise bad(name, "must not be empty")
+    out = []
+    for i, message in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(message, dict):
+            raise _type_error(where, "object with role and content", message)
+        for key in message:
+            if key not in ("role", "content", "name"):
+                raise bad(f"{where}.{key}", "unknown field (role, content and name are supported)", "unknown_field")
+        for key in ("role", "content"):
+            if key not in message:
+                raise bad(f"{where}.{key}", "required", "missing_field")
+        role = string(f"{where}.role", message["role"])
+        if role not in CHAT_ROLES:
+            raise bad(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        content = string(f"{where}.content", message["content"])
+        if "name" in message:
+            string(f"{where}.name", message["name"])
+        out.append({"role": role, "content": content})
+    if all(not m["content"] for m in out):
+        raise bad(name, "every message is empty")
+    return out
+
+

@@ -1,0 +1,130 @@
+"""OpenAI-shaped response bodies, SSE chunks and incremental detokenization for streams."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from dspark_core.engine.request import RequestOutput
+
+REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+
+
+def new_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def dspark_summary(output: RequestOutput, *, token_ids: bool) -> dict[str, Any]:
+    """The ``dspark`` extension object: speculation figures of one request."""
+    widths = output.verify_widths
+    summary: dict[str, Any] = {
+        "steps": output.steps,
+        "acceptance": round(output.acceptance, 6),
+        "accepted_length": round(output.accepted_length, 6),
+        "verify_widths": {
+            "mean": round(sum(widths) / len(widths), 6) if widths else 0.0,
+            "min": min(widths, default=0),
+            "max": max(widths, default=0),
+            "counts": {str(w): n for w, n in sorted(Counter(widths).items())},
+        },
+    }
+    if token_ids:
+        summary["token_ids"] = list(output.token_ids)
+    return summary
+
+
+def completion_body(rid: str, created: int, model: str, *, chat: bool, text: str, output: RequestOutput,
+                    token_ids: bool) -> dict[str, Any]:
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": output.finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": output.finish_reason}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": model, "choices": [choice], "usage": usage(output.prompt_tokens, len(output.token_ids)),
+            "dspark": dspark_summary(output, token_ids=token_ids)}
+
+
+class ChunkWriter:
+    """SSE chunks of one streamed response (``data: {...}`` lines, ``data: [DONE]`` last)."""
+
+    def __init__(self, rid: str, model: str, *, chat: bool) -> None:
+        self.rid, self.model, self.chat = rid, model, chat
+        self.created = int(time.time())
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, role: bool = False,
+              extra: dict[str, Any] | None = None) -> bytes:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        body = {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice]}
+        if extra:
+            body.update(extra)
+        return sse(body)
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return sse({"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                    "created": self.created, "model": self.model, "choices": [],
+                    "usage": usage(prompt_tokens, completion_tokens)})
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class TextDeltas:
+    """Turns a growing list of token ids into text pieces that never need to be taken back.
+
+    Text is held back while it ends in an incomplete UTF-8 sequence and, when
+    the request has stop strings, for the last ``len(longest stop) - 1``
+    characters (a stop string might still complete there; the engine cuts the
+    final text before it). Decoding restarts from a recent offset, so each
+    step costs a few tokens' decode, not the whole output's.
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.prefix = self.read = 0  # decode window: ids[prefix:read] is already in self.text
+        self.text = ""  # detokenized text so far (complete characters only)
+        self.emitted = 0  # characters of self.text already sent
+
+    def add(self, ids) -> str:
+        """Append token ids; return the text that is now safe to send."""
+        self.ids.extend(ids)
+        if self.tokenizer is None:
+            return ""
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith(REPLACEMENT) and after.startswith(before):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+        safe = len(self.text) - self.holdback
+        if safe <= self.emitted:
+            return ""
+        piece, self.emitted = self.text[self.emitted:safe], safe
+        return piece
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the authoritative final text (the engine's stop-cut decode)."""
+        sent = self.text[: self.emitted]
+        rest = final_text[len(sent):] if final_text.startswith(sent) else ""
+        self.emitted = len(self.text)
+        return rest

@@ -1,0 +1,120 @@
+"""Strict validation of OpenAI-style request bodies.
+
+Every rejection is an :class:`ApiError` whose message names the offending
+field. The accepted fields are listed in :data:`COMMON_FIELDS`,
+:data:`COMPLETION_FIELDS` and :data:`CHAT_FIELDS`; anything else is refused
+rather than silently ignored, so a client never believes a setting took effect
+when it did not. Decoding is greedy only, so ``temperature`` must be sent and
+must be 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+
+from dspark_core.server import fields as f
+from dspark_core.server.fields import JSON_NAMES, ApiError, bad
+
+__all__ = ["ApiError", "GenerationRequest", "check_lengths", "parse_json", "parse_request"]
+
+
+COMMON_FIELDS: dict[str, Callable[[str, Any], Any]] = {
+    "model": f.string,
+    "temperature": f.temperature,
+    "max_tokens": f.max_tokens,
+    "stream": f.boolean,
+    "stream_options": f.stream_options,
+    "stop": f.stop,
+    "n": f.n,
+    "user": f.string,
+    "seed": f.seed,
+    "top_p": f.fixed_number(1, "greedy decoding"),
+    "presence_penalty": f.fixed_number(0, "penalties are not supported"),
+    "frequency_penalty": f.fixed_number(0, "penalties are not supported"),
+    "ignore_eos": f.boolean,  # extension (as in vLLM): keep decoding past end-of-sequence tokens
+    "return_token_ids": f.boolean,  # extension: the output token ids in the dspark object
+}
+COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": f.prompt}
+CHAT_FIELDS = {**COMMON_FIELDS, "messages": f.messages, "max_completion_tokens": f.max_tokens}
+
+
+@frozen
+class GenerationRequest:
+    """A validated request; ``prompt`` is text or token ids, ``messages`` a chat conversation."""
+
+    chat: bool
+    model: str | None
+    prompt: str | list[int] | None
+    messages: list[dict[str, str]] | None
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    return_token_ids: bool
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"request body must be a JSON object, got {JSON_NAMES.get(type(data), 'value')}",
+                       code="invalid_json")
+    return data
+
+
+def parse_request(body: bytes, *, chat: bool) -> GenerationRequest:
+    """Validate a /v1/completions (``chat=False``) or /v1/chat/completions body."""
+    data = parse_json(body)
+    fields = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    unknown = sorted(k for k in data if k not in fields)
+    if unknown:
+        raise bad(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                  f"(supported: {', '.join(sorted(fields))})", "unknown_field")
+    main = "messages" if chat else "prompt"
+    for required in (main, "temperature"):
+        if required not in data:
+            hint = " (this server decodes greedily only: send temperature=0)" if required == "temperature" else ""
+            raise bad(required, f"required{hint}", "missing_field")
+    values = {name: fields[name](name, value) for name, value in data.items()}
+    max_tokens = values.get("max_tokens")
+    if chat and values.get("max_completion_tokens") is not None:
+        if max_tokens is not None and max_tokens != values["max_completion_tokens"]:
+            raise bad("max_completion_tokens", f"differs from max_tokens ({values['max_completion_tokens']} vs {max_tokens})")
+        max_tokens = values["max_completion_tokens"]
+    stream = values.get("stream", False)
+    if values.get("stream_options") and not stream:
+        raise bad("stream_options", "only allowed with stream=true")
+    return GenerationRequest(chat, values.get("model"), values.get("prompt"), values.get("messages"), max_tokens,
+                             stream, values.get("stream_options", False), values.get("stop", ()),
+                             values.get("ignore_eos", False), values.get("return_token_ids", False))
+
+
+def check_lengths(prompt_tokens: int, max_tokens: int | None, *, max_model_len: int, reserve: int,
+                  default_max_tokens: int | None) -> int:
+    """The request's effective max_tokens, or a 400 quoting the numbers when it does not fit.
+
+    ``reserve`` context positions are kept free for speculation (two launched
+    steps of draft width + 1 rows). A missing max_tokens becomes
+    ``default_max_tokens`` capped to the room left, or all of it when None.
+    """
+    usable = max_model_len - reserve
+    room = usable - prompt_tokens
+    if room < 1:
+        raise ApiError(400, f"prompt is {prompt_tokens} tokens; this model's context is {max_model_len} tokens, of "
+                       f"which {reserve} are reserved for speculation, so a prompt may have at most {usable - 1} "
+                       "tokens", param="prompt", code="context_length_exceeded")
+    if max_tokens is None:
+        return room if default_max_tokens is None else min(default_max_tokens, room)
+    if max_tokens > room:
+        raise ApiError(400, f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                       f"{prompt_tokens + max_tokens} exceeds the {usable} tokens available (context "
+                       f"{max_model_len} minus {reserve} reserved for speculation); at most {room} output tokens "
+                       "fit", param="max_tokens", code="context_length_exceeded")
+    return max_tokens

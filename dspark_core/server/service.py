@@ -1,0 +1,246 @@
+"""AsyncEngineService: the single-threaded Engine behind an asyncio front end.
+
+The Engine is not thread-safe, so one dedicated thread owns it and runs the
+step loop while there is work, sleeping on a condition variable when idle.
+Everything else talks to that thread through a locked inbox (new requests,
+cancellations, calls) that it drains between steps. Results flow back through
+one asyncio queue per request, fed with ``loop.call_soon_threadsafe``: new
+token ids after each step (streaming requests only) and one final event.
+
+Admission is bounded: at most ``max_pending`` requests may be waiting or
+running at once; the next one is refused at once with a 429 ApiError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from dspark_core.engine.request import RequestOutput, SamplingParams
+from dspark_core.errors import ConfigError
+from dspark_core.server.events import Failed, Finished, Submission, Tokens
+from dspark_core.server.fields import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngineService:
+    """Runs ``engine`` on its own thread and serves asyncio callers."""
+
+    def __init__(self, engine, *, max_pending: int = 256, observers: tuple[Callable[[Any], None], ...] = ()) -> None:
+        if max_pending < 1:
+            raise ConfigError(f"max_pending must be at least 1, got {max_pending}")
+        self.engine = engine
+        self.max_pending = max_pending
+        self.max_model_len = engine.max_model_len
+        self.draft_width = engine.config.draft_width
+        self.reserve = 2 * (self.draft_width + 1)  # the engine keeps room for two launched steps
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = engine.runner.target.config.vocab_size
+        self.num_slots = engine.storage.num_slots
+        for observer in observers:
+            engine.add_observer(observer)
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._pending = 0  # accepted and not yet finished (guarded by _cond)
+        self._live: dict[str, Submission] = {}  # engine thread only: request_id -> submission
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closing = False
+        self._ready = threading.Event()
+        self.failure: BaseException | None = None
+        self.waiting = self.running = 0  # engine-thread snapshots for metrics
+
+    # -- control ----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dspark-engine", daemon=True)
+                self._thread.start()
+
+    def mark_ready(self) -> None:
+        """Declare the cost table installed: /ready turns 200 and generation requests are admitted."""
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and not self._closing and self.failure is None
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """Run ``fn(engine)`` on the engine thread between steps (e.g. calibration, then install_table)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._post("call", (fn, future))
+        return future
+
+    def submit(self, prompt: list[int], params: SamplingParams, *, stream: bool = False) -> Submission:
+        """Admit a request (call from the event loop); raises ApiError 429/503 when it cannot be admitted."""
+        if self.failure is not None:
+            raise ApiError(503, f"the engine has failed and is not serving: {self.failure!r}", code="engine_failed",
+                           kind="server_error")
+        if self._closing or self._stopping:
+            raise ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+        sub = Submission(prompt, params, stream, asyncio.get_running_loop(), asyncio.Queue())
+        with self._cond:
+            if self._pending >= self.max_pending:
+                raise ApiError(429, f"server overloaded: {self._pending} requests are already queued or running "
+                               f"(limit {self.max_pending}); retry later", code="server_overloaded",
+                               kind="overloaded_error")
+            self._pending += 1
+            self._inbox.append(("add", sub))
+            self._cond.notify()
+        return sub
+
+    def cancel(self, sub: Submission) -> None:
+        """Cancel a request whose client went away (thread-safe; a no-op once it finished)."""
+        if not sub.done:
+            self._post("cancel", sub)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel whatever is still running, stop the thread and close the engine (blocking)."""
+        self._closing = True
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        else:
+            self.engine.close()
+
+    async def shutdown(self, drain_timeout: float = 30.0) -> None:
+        """Graceful shutdown: refuse new requests, let admitted ones finish (up to the timeout), stop."""
+        self._closing = True
+        deadline = time.monotonic() + drain_timeout
+        while self._pending and time.monotonic() < deadline and self.failure is None:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(self.stop)
+
+    def _post(self, kind: str, item: Any) -> None:
+        with self._cond:
+            self._inbox.append((kind, item))
+            self._cond.notify()
+
+    # -- engine thread ------------------------------------------------------------
+    def _has_work(self) -> bool:
+        s = self.engine.scheduler
+        return bool(s.waiting or s.running or self.engine.queue.in_flight)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._inbox and not self._has_work() and not self._stopping:
+                        self._cond.wait()
+                    items = list(self._inbox)
+                    self._inbox.clear()
+                    stopping = self._stopping
+                for kind, item in items:
+                    self._apply(kind, item, stopping)
+                if stopping:
+                    for sub in list(self._live.values()):
+                        self._cancel(sub, "the server shut down before the request finished")
+                if self._has_work():
+                    self._publish(self.engine.step())
+                elif stopping:
+                    with self._cond:
+                        if not self._inbox:
+                            break
+        except BaseException as exc:  # an engine bug: fail every request rather than hang them
+            log.exception("engine thread failed")
+            self.failure = exc
+            self._fail_all(ApiError(500, f"engine failure: {exc!r}", code="engine_failed", kind="server_error"))
+        finally:
+            self.engine.close()
+
+    def _apply(self, kind: str, item: Any, stopping: bool) -> None:
+        if kind == "call":
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self.engine))
+                except BaseException as exc:
+                    future.set_exception(exc)
+        elif kind == "cancel":
+            self._cancel(item, None)
+        elif stopping:
+            self._finish(item, Failed(ApiError(503, "the server is shutting down", code="shutting_down",
+                                               kind="unavailable_error")))
+        else:
+            try:
+                item.request = self.engine.add_request(item.prompt, item.params)
+            except (ConfigError, ValueError) as exc:
+                self._finish(item, Failed(ApiError(400, str(exc), code="invalid_request")))
+                return
+            self._live[item.request.request_id] = item
+        self._snapshot()
+
+    def _cancel(self, sub: Submission, message: str | None) -> None:
+        if sub.done:
+            return
+        request = sub.request
+        if request is not None:
+            if request.finish_reason is None:
+                self.engine.cancel(request)
+            self._live.pop(request.request_id, None)
+        if message is None:
+            self._finish(sub, Finished("cancelled", None))
+        else:
+            self._finish(sub, Failed(ApiError(503, message, code="shutting_down", kind="unavailable_error")))
+
+    def _publish(self, finished: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for sub in self._live.values():
+            produced = len(sub.request.output)
+            if produced > sub.sent:
+                if sub.first_token is None:
+                    sub.first_token = now
+                sub.last_token = now
+                if sub.stream:
+                    self._push(sub, Tokens(tuple(sub.request.output[sub.sent:produced])))
+                sub.sent = produced
+        for output in finished:
+            sub = self._live.pop(output.request_id, None)
+            if sub is not None:
+                self._finish(sub, Finished(output.finish_reason, output))
+        self._snapshot()
+
+    def _finish(self, sub: Submission, event: Finished | Failed) -> None:
+        sub.done = True
+        self._push(sub, event)
+        with self._cond:
+            self._pending -= 1
+
+    def _push(self, sub: Submission, event: Any) -> None:
+        try:
+            sub.loop.call_soon_threadsafe(sub.events.put_nowait, event)
+        except RuntimeError:  # the client's event loop is closed: nobody is listening any more
+            pass
+
+    def _snapshot(self) -> None:
+        s = self.engine.scheduler
+        self.waiting, self.running = len(s.waiting), len(s.running)
+
+    def _fail_all(self, error: ApiError) -> None:
+        with self._cond:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, item in items:
+            if kind == "add":
+                self._finish(item, Failed(error))
+            elif kind == "call":
+                item[1].set_exception(RuntimeError(error.message))
+        for sub in list(self._live.values()):
+            if not sub.done:
+                self._finish(sub, Failed(error))
+        self._live.clear()
