@@ -72,10 +72,9 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
     async def generate(request: Request, chat: bool) -> Response:
         endpoint = "chat" if chat else "completions"
         try:
-            if not service.ready:
-                raise ApiError(503, "the server is not ready: the cost table is not installed yet (startup "
-                               "calibration is running); retry when /ready returns 200", code="not_ready",
-                               kind="unavailable_error")
+            refusal = service.unavailable()
+            if refusal is not None:
+                raise refusal
             req = parse_request(await request.body(), chat=chat)
             if req.model is not None and req.model != model_name:
                 raise ApiError(404, f"model: {req.model!r} is not served here; this server serves {model_name!r}",
@@ -155,8 +154,10 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
                 record(sub, event)
                 metrics.count_request(endpoint, 200)
                 rest = deltas.finish(output.text)
-                yield writer.chunk(rest, output.finish_reason,
-                                   extra={"dspark": dspark_summary(output, token_ids=False)})
+                summary = dspark_summary(output, token_ids=False)
+                if req.return_token_ids:
+                    summary["token_ids"] = list(output.token_ids[len(deltas.ids):])
+                yield writer.chunk(rest, output.finish_reason, extra={"dspark": summary})
                 if req.include_usage:
                     yield writer.usage_chunk(output.prompt_tokens, len(output.token_ids))
                 yield DONE
@@ -183,10 +184,10 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
         return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
-        if service.ready:
+        refusal = service.unavailable()
+        if refusal is None:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "not ready", "message": "the cost table is not installed yet (startup "
-                             "calibration), or the server is shutting down"}, 503)
+        return JSONResponse({"status": "not ready", "reason": refusal.code, "message": refusal.message}, 503)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

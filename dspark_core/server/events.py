@@ -16,7 +16,7 @@ _ids = itertools.count()
 
 @frozen
 class Tokens:
-    """New committed token ids of a streaming request."""
+    """New committed token ids of a streaming request (the step that finishes it sends Finished instead)."""
 
     ids: tuple[int, ...]
 

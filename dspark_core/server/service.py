@@ -83,13 +83,23 @@ class AsyncEngineService:
         self._post("call", (fn, future))
         return future
 
+    def unavailable(self) -> ApiError | None:
+        """Why generation requests are refused right now (a 503), or None when they are admitted."""
+        if self.failure is not None:
+            return ApiError(503, f"the engine has failed and is not serving: {self.failure!r}", code="engine_failed",
+                            kind="server_error")
+        if self._closing or self._stopping:
+            return ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+        if not self._ready.is_set():
+            return ApiError(503, "the server is not ready: the cost table is not installed yet (startup calibration "
+                            "is running); retry when /ready returns 200", code="not_ready", kind="unavailable_error")
+        return None
+
     def submit(self, prompt: list[int], params: SamplingParams, *, stream: bool = False) -> Submission:
         """Admit a request (call from the event loop); raises ApiError 429/503 when it cannot be admitted."""
-        if self.failure is not None:
-            raise ApiError(503, f"the engine has failed and is not serving: {self.failure!r}", code="engine_failed",
-                           kind="server_error")
-        if self._closing or self._stopping:
-            raise ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+        refusal = self.unavailable()
+        if refusal is not None:
+            raise refusal
         sub = Submission(prompt, params, stream, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             if self._pending >= self.max_pending:
@@ -200,13 +210,15 @@ class AsyncEngineService:
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         now = time.monotonic()
-        for sub in self._live.values():
+        ending = {output.request_id for output in finished}
+        for rid, sub in self._live.items():
             produced = len(sub.request.output)
             if produced > sub.sent:
                 if sub.first_token is None:
                     sub.first_token = now
                 sub.last_token = now
-                if sub.stream:
+                # a finishing request's last tokens travel in its Finished event (they may run past a stop string)
+                if sub.stream and rid not in ending:
                     self._push(sub, Tokens(tuple(sub.request.output[sub.sent:produced])))
                 sub.sent = produced
         for output in finished:

@@ -63,3 +63,14 @@ def tiny_text_pair(seed: int = 0, *, block_size: int = 7, max_position: int = 51
     target = LlamaTarget(cfg, random_target_tensors(cfg, seed), dtype=torch.float64, tokenizer=tokenizer)
     draft = random_draft(cfg, seed=seed, block_size=block_size).to(torch.float64)
     return target, draft
+
+
+def tiny_engine(seed: int = 0, *, policy: str = "fixed", options=None, buckets=(1, 2, 4), max_model_len: int = 256,
+                overlap: bool = True, eos: bool = True, width: int = 7):
+    """An Engine over :func:`tiny_text_pair` (equal arguments give equal, independent engines)."""
+    from dspark_core.engine.engine import Engine, EngineConfig
+
+    target, draft = tiny_text_pair(seed, block_size=width, max_position=max_model_len, eos=eos)
+    config = EngineConfig(draft_width=width, policy=policy, policy_options=options if options is not None else {"k": 3},
+                          request_buckets=buckets, max_model_len=max_model_len, schedule_overlap=overlap)
+    return Engine(target, draft, config)
