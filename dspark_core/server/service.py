@@ -30,10 +30,14 @@ from dspark_core.server.fields import ApiError
 log = logging.getLogger(__name__)
 
 
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+
+
 class AsyncEngineService:
     """Runs ``engine`` on its own thread and serves asyncio callers."""
 
-    def __init__(self, engine, *, max_pending: int = 256, observers: tuple[Callable[[Any], None], ...] = ()) -> None:
+    def __init__(self, engine, *, max_pending: int = 256) -> None:
         if max_pending < 1:
             raise ConfigError(f"max_pending must be at least 1, got {max_pending}")
         self.engine = engine
@@ -43,9 +47,6 @@ class AsyncEngineService:
         self.reserve = 2 * (self.draft_width + 1)  # the engine keeps room for two launched steps
         self.tokenizer = engine.tokenizer
         self.vocab_size = engine.runner.target.config.vocab_size
-        self.num_slots = engine.storage.num_slots
-        for observer in observers:
-            engine.add_observer(observer)
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._pending = 0  # accepted and not yet finished (guarded by _cond)
@@ -71,7 +72,7 @@ class AsyncEngineService:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set() and not self._closing and self.failure is None
+        return self.unavailable() is None
 
     @property
     def pending(self) -> int:
@@ -89,7 +90,7 @@ class AsyncEngineService:
             return ApiError(503, f"the engine has failed and is not serving: {self.failure!r}", code="engine_failed",
                             kind="server_error")
         if self._closing or self._stopping:
-            return ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+            return shutting_down()
         if not self._ready.is_set():
             return ApiError(503, "the server is not ready: the cost table is not installed yet (startup calibration "
                             "is running); retry when /ready returns 200", code="not_ready", kind="unavailable_error")
@@ -97,8 +98,7 @@ class AsyncEngineService:
 
     def submit(self, prompt: list[int], params: SamplingParams, *, stream: bool = False) -> Submission:
         """Admit a request (call from the event loop); raises ApiError 429/503 when it cannot be admitted."""
-        refusal = self.unavailable()
-        if refusal is not None:
+        if (refusal := self.unavailable()) is not None:
             raise refusal
         sub = Submission(prompt, params, stream, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
@@ -159,7 +159,7 @@ class AsyncEngineService:
                     self._apply(kind, item, stopping)
                 if stopping:
                     for sub in list(self._live.values()):
-                        self._cancel(sub, "the server shut down before the request finished")
+                        self._cancel(sub, Failed(shutting_down()))
                 if self._has_work():
                     self._publish(self.engine.step())
                 elif stopping:
@@ -182,10 +182,9 @@ class AsyncEngineService:
                 except BaseException as exc:
                     future.set_exception(exc)
         elif kind == "cancel":
-            self._cancel(item, None)
+            self._cancel(item, Finished("cancelled", None))
         elif stopping:
-            self._finish(item, Failed(ApiError(503, "the server is shutting down", code="shutting_down",
-                                               kind="unavailable_error")))
+            self._finish(item, Failed(shutting_down()))
         else:
             try:
                 item.request = self.engine.add_request(item.prompt, item.params)
@@ -195,18 +194,14 @@ class AsyncEngineService:
             self._live[item.request.request_id] = item
         self._snapshot()
 
-    def _cancel(self, sub: Submission, message: str | None) -> None:
+    def _cancel(self, sub: Submission, event: Finished | Failed) -> None:
         if sub.done:
             return
-        request = sub.request
-        if request is not None:
-            if request.finish_reason is None:
-                self.engine.cancel(request)
-            self._live.pop(request.request_id, None)
-        if message is None:
-            self._finish(sub, Finished("cancelled", None))
-        else:
-            self._finish(sub, Failed(ApiError(503, message, code="shutting_down", kind="unavailable_error")))
+        if sub.request is not None:
+            if sub.request.finish_reason is None:
+                self.engine.cancel(sub.request)
+            self._live.pop(sub.request.request_id, None)
+        self._finish(sub, event)
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         now = time.monotonic()
