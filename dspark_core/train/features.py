@@ -1,0 +1,117 @@
+"""Target features for draft training, computed once and cached on disk.
+
+For every generated sequence (prompt + on-policy answer) one frozen-target
+forward yields, per position:
+
+* the hidden states of the draft's auxiliary layers (concatenated, stored as
+  float16) — what the draft's KV injection consumes;
+* the teacher's top-k next-token ids and probabilities (float16). The full
+  49k-way distribution is not stored: training compares the draft against the
+  top-k distribution renormalised to 1 (see :mod:`dspark_core.train.losses`).
+
+The cache file name hashes the generations file, the aux layers and k, so a
+changed input never reuses stale features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from attrs import frozen
+
+from dspark_core.models.base import make_forward_batch
+
+
+@frozen
+class FeatureSet:
+    """Flat, concatenated features of many sequences."""
+
+    tokens: torch.Tensor  # int64 [T]
+    offsets: torch.Tensor  # int64 [N + 1]: sequence n is rows offsets[n]:offsets[n+1]
+    prompt_lens: torch.Tensor  # int64 [N]
+    hidden: torch.Tensor  # float16 [T, n_aux * d]
+    topk_ids: torch.Tensor  # int64 [T, k]: teacher's top-k for the token after each row
+    topk_probs: torch.Tensor  # float16 [T, k]
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.prompt_lens.shape[0])
+
+    def subset(self, index: list[int]) -> FeatureSet:
+        """The sequences ``index`` (in that order) as a new set."""
+        rows = [torch.arange(int(self.offsets[i]), int(self.offsets[i + 1])) for i in index]
+        take = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+        return FeatureSet(self.tokens[take], offsets, self.prompt_lens[index], self.hidden[take],
+                          self.topk_ids[take], self.topk_probs[take])
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, k) for k in ("tokens", "offsets", "prompt_lens", "hidden", "topk_ids", "topk_probs")}
+
+
+def cache_key(source: Path, aux_layers: tuple[int, ...], k: int) -> str:
+    h = hashlib.sha256(Path(source).read_bytes())
+    h.update(repr((tuple(aux_layers), k)).encode())
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def compute_features(target, sequences: list[tuple[list[int], list[int]]], aux_layers: tuple[int, ...], *,
+                     k: int = 16, rows_per_forward: int = 2048, progress: bool = True) -> FeatureSet:
+    """One target forward per packed group of sequences; returns the flat :class:`FeatureSet`."""
+    from tqdm import tqdm
+
+    seqs = [list(p) + list(a) for p, a in sequences]
+    longest = max(len(s) for s in seqs)
+    toks, hid, ids, probs = [], [], [], []
+    bar = tqdm(total=len(seqs), desc="features", unit="seq", disable=not progress)
+    i = 0
+    while i < len(seqs):
+        group = [seqs[i]]
+        while i + len(group) < len(seqs) and sum(map(len, group)) + len(seqs[i + len(group)]) <= rows_per_forward:
+            group.append(seqs[i + len(group)])
+        cache = target.new_cache(len(group), longest)
+        batch = make_forward_batch(group, [0] * len(group), list(range(len(group))), device=target.device)
+        out = target.forward(batch, cache, hidden_layers=tuple(aux_layers))
+        p = torch.softmax(out.logits.float(), dim=-1)
+        top = p.topk(k, dim=-1)
+        toks.append(batch.tokens.cpu())
+        hid.append(out.hidden.to(torch.float16).cpu())
+        ids.append(top.indices.cpu())
+        probs.append(top.values.to(torch.float16).cpu())
+        i += len(group)
+        bar.update(len(group))
+    bar.close()
+    lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    return FeatureSet(
+        tokens=torch.cat(toks), offsets=torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+        prompt_lens=torch.tensor([len(p) for p, _ in sequences], dtype=torch.long),
+        hidden=torch.cat(hid), topk_ids=torch.cat(ids), topk_probs=torch.cat(probs),
+    )
+
+
+def cached_features(target, source: Path, sequences, aux_layers: tuple[int, ...], *, k: int = 16,
+                    cache_dir: Path, progress: bool = True) -> FeatureSet:
+    """Load the features of ``source`` from ``cache_dir`` or compute and store them."""
+    path = Path(cache_dir) / f"features-{cache_key(source, aux_layers, k)}.pt"
+    if path.is_file():
+        return FeatureSet(**torch.load(path, weights_only=True))
+    feats = compute_features(target, sequences, aux_layers, k=k, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(feats.to_dict(), tmp)
+    tmp.replace(path)
+    return feats
+
+
+def token_counts(feats: FeatureSet, vocab_size: int) -> torch.Tensor:
+    """How often each token occurs as an answer token or as the teacher's top-1 (for the draft vocabulary)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for n in range(feats.num_sequences):
+        a, b = int(feats.offsets[n]) + int(feats.prompt_lens[n]), int(feats.offsets[n + 1])
+        counts += torch.bincount(feats.tokens[a:b], minlength=vocab_size)
+        counts += torch.bincount(feats.topk_ids[a - 1 : b, 0], minlength=vocab_size)
+    return counts
