@@ -22,7 +22,9 @@ _configured = False
 def configure_logging(*, json_output: bool | None = None, level: int = logging.INFO) -> None:
     """Configure structlog once; later calls are no-ops unless ``json_output`` is given."""
     global _configured
-    if _configured and json_output is None:
+    # Respect a configuration made elsewhere (an embedding application, structlog's
+    # capture_logs in tests) unless the caller asks for a specific renderer.
+    if json_output is None and (_configured or structlog.is_configured()):
         return
     if json_output is None:
         json_output = not sys.stderr.isatty()

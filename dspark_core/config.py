@@ -47,6 +47,7 @@ class ServeConfig:
     npu_kernel_backend: str = flag("TORCH", "Kernel backend on Ascend NPUs; `TORCH` uses torch ops supported by torch_npu.", choices=["TORCH"], group="model")
     device: str = flag("auto", "Device plugin to run on (`auto` picks cuda, then npu, then cpu).", group="model")
     dtype: str = flag("auto", "Compute dtype (`auto`: float32 on CPU, bfloat16 on accelerators).", choices=["auto", "float32", "bfloat16", "float16"], group="model")
+    max_model_len: int = flag(4096, "KV cache length per request (capped by the model's context limit).", group="model")
     # --- distributed launch ---
     nnodes: int = flag(1, "Number of ranks in the service.", group="distributed")
     node_rank: int = flag(0, "This rank's index, 0 .. nnodes-1. Rank 0 serves HTTP.", group="distributed")
@@ -61,6 +62,8 @@ class ServeConfig:
     num_speculative_tokens: int = flag(7, "Draft width K: tokens drafted per request per step. Adaptive DSpark supports 5 or 7.", group="speculative")
     draft_sampling_mode: str = flag("greedy", "How the draft picks its tokens. Adaptive DSpark requires `greedy`.", choices=["greedy", "sample"], group="speculative")
     enable_adaptive_speculative_decode: bool = flag(True, "Choose each step's verify budget from confidences and calibrated costs (false: always verify all K).", group="speculative")
+    budget_policy: str = flag("auto", "Budget policy plugin (`auto`: adaptive, fixed or none from the flags above; any name `dspark-core plugins` lists).", group="speculative")
+    budget_policy_options: str = flag("{}", "JSON object of options for the budget policy, e.g. `{\"k\": 3}` for fixed.", group="speculative")
     # --- graphs and scheduling ---
     enable_graph: bool = flag(True, "Run decode steps through captured/warmed graphs.", group="graphs")
     python_graph_backend: str = flag("auto", "Graph backend plugin (`auto`: static on CPU, cudagraph on CUDA, aclgraph on NPU).", group="graphs")

@@ -1,4 +1,4 @@
-"""The default step stages, registered as an ordinary plugin.
+"""The default startup and step stages, registered as an ordinary plugin.
 
 Each hook hands the step to the matching function of
 :mod:`dspark_core.engine.step`. A plugin that wants to replace a stage
@@ -36,3 +36,24 @@ def dspark_verify(step, proposal, budget):
 @hookimpl(trylast=True)
 def dspark_commit(step, verification):
     stages.commit(step, verification)
+
+
+@hookimpl(trylast=True)
+def dspark_calibrate(runtime, plan):
+    from dspark_core.calibration import install
+
+    return install.calibrate(runtime, plan)
+
+
+@hookimpl(trylast=True)
+def dspark_fit(runtime, plan, samples):
+    from dspark_core.calibration import install
+
+    return install.fit(runtime, plan, samples)
+
+
+@hookimpl(trylast=True)
+def dspark_install_table(runtime, table):
+    from dspark_core.calibration import install
+
+    install.install(runtime, table)

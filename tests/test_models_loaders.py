@@ -20,25 +20,8 @@ from dspark_core.models.loading import checkpoint_architecture, load_target
 from dspark_core.models.random_models import random_target_tensors, tiny_target_config
 from dspark_core.models.tokenizer import render_chatml
 
-CHATML = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+from checkpoint_support import CFG, CHATML, MERGES, VOCAB, byte_chars, write_hf  # noqa: F401
 
-
-def byte_chars() -> list[str]:
-    """The 256 printable stand-ins byte-level BPE uses for raw bytes."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-VOCAB = byte_chars() + ["he", "Ġt", "Ġthe", "<|im_start|>", "<|im_end|>"]
-MERGES = ["h e", "Ġ t", "Ġt he"]
-CFG = tiny_target_config(vocab_size=len(VOCAB), num_layers=2, bos_token_id=len(VOCAB) - 2, eos_token_ids=(len(VOCAB) - 1,))
 
 
 def interleave_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -138,22 +121,6 @@ def test_gguf_errors(tmp_path, tensors):
     write_gguf(path, partial)
     with pytest.raises(ModelError, match="model.layers.1.mlp.up_proj.weight"):
         load_target(path)
-
-
-def write_hf(directory: Path, tensors: dict[str, torch.Tensor], **config_overrides) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "qwen3", "vocab_size": CFG.vocab_size, "hidden_size": CFG.hidden_size, "intermediate_size": CFG.intermediate_size,
-              "num_hidden_layers": CFG.num_layers, "num_attention_heads": CFG.num_heads, "num_key_value_heads": CFG.num_kv_heads,
-              "head_dim": CFG.head_dim, "max_position_embeddings": CFG.max_position, "rope_theta": CFG.rope_theta,
-              "rms_norm_eps": CFG.rms_eps, "tie_word_embeddings": False, "eos_token_id": CFG.eos_token_ids[0]}
-    config.update(config_overrides)
-    (directory / "config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
-    from dspark_core.models.tokenizer import bpe_tokenizer_from_vocab
-
-    bpe_tokenizer_from_vocab(VOCAB, MERGES, [len(VOCAB) - 2, len(VOCAB) - 1], "smollm").save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
-    return directory
 
 
 def test_hf_dir_qwen3(tmp_path):

@@ -81,6 +81,13 @@ class Engine:
         """Call ``observer`` on the host after every processed decode step."""
         self._observers.append(observer)
 
+    def remove_observer(self, observer: Callable[[StepReport], None]) -> None:
+        self._observers.remove(observer)
+
+    def reset_counters(self) -> None:
+        """Zero the step counters (calibration steps are not serving steps)."""
+        self._steps = self._fallbacks = self._committed = 0
+
     def install_table(self, table) -> None:
         """Install an immutable cost table before serving."""
         if table is not None and table.draft_width != self.config.draft_width:

@@ -171,6 +171,11 @@ class AdditiveModel:
 
     name: str = NAME
 
+    def check_grid(self, points: Sequence[tuple[int, int]], draft_width: int) -> None:
+        """Refuse a probe grid this model cannot fit, before any probing happens."""
+        check_grid(points, draft_width, NAME)
+        _check_connected(points)
+
     def fit(self, samples: Sequence[CostSample], draft_width: int) -> AdditiveFit:
         """Fit samples of one context interval."""
         return fit_additive(samples, draft_width)

@@ -132,6 +132,10 @@ class SpsModel:
 
     name: str = NAME
 
+    def check_grid(self, points: Sequence[tuple[int, int]], draft_width: int) -> None:
+        """Refuse a probe grid this model cannot fit, before any probing happens."""
+        check_grid(points, draft_width, NAME)
+
     def fit(self, samples: Sequence[CostSample], draft_width: int) -> SpsFit:
         """Fit samples of one context interval."""
         return fit_sps(samples, draft_width)

@@ -1,0 +1,106 @@
+"""The startup stages after warmup: calibrate, fit, install, save, audit, ready.
+
+The stage hooks (``dspark_calibrate``, ``dspark_fit``, ``dspark_install_table``)
+have their default implementations in the ``stages`` plugin, which calls the
+functions here; :func:`bring_up` runs the whole sequence for one launch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+
+from dspark_core.audit import emit_startup_audit, get_logger
+from dspark_core.calibration.plan import CalibrationPlan
+from dspark_core.calibration.probe import points_summary, run_probes
+from dspark_core.convert import unstructure
+from dspark_core.costs.base import CostSample
+from dspark_core.table import CostTable, fit_table, save_table
+
+
+@attrs.define
+class StartupRuntime:
+    """What the startup hooks receive as ``runtime``."""
+
+    engine: Any
+    launch: Any
+    progress: bool = True
+
+    # The warmup hook receives the engine itself; these mirror its attributes so the
+    # same default implementation works for both.
+    @property
+    def runner(self) -> Any:
+        return self.engine.runner
+
+    @property
+    def geometry(self) -> Any:
+        return self.engine.geometry
+
+
+def calibrate(runtime: StartupRuntime, plan: CalibrationPlan) -> list[CostSample]:
+    return run_probes(runtime.engine, plan, progress=runtime.progress)
+
+
+def fit(runtime: StartupRuntime, plan: CalibrationPlan, samples: list[CostSample]) -> CostTable:
+    runtime.engine.work.fits += 1
+    launch = runtime.launch
+    return fit_table(plan.settings, samples, launch.hooks.cost_model, launch.fingerprint)
+
+
+def install(runtime: StartupRuntime, table: CostTable) -> None:
+    runtime.engine.install_table(table)
+
+
+def geometry_record(geometry) -> dict[str, Any]:
+    """The captured geometry as the audit shows it."""
+    return {"draft_width": geometry.draft_width, "request_buckets": list(geometry.request_buckets),
+            "target_rows": {str(b): [rows[0], rows[-1], len(rows)] for b, rows in geometry.tiers}}
+
+
+def bring_up(engine, launch, *, progress: bool = True) -> CostTable | None:
+    """Warm up, then calibrate+fit (or reuse), install, save and audit; marks the engine ready."""
+    log = get_logger("startup")
+    hooks = launch.hooks
+    started = time.perf_counter()
+    if not launch.config.disable_graph_warmup:
+        engine.warmup()
+    warm_seconds = time.perf_counter() - started
+    table = None
+    if launch.config.adaptive:
+        runtime = StartupRuntime(engine, launch, progress)
+        if launch.saved_table is not None:
+            table = launch.saved_table
+            source = "saved table"
+        else:
+            samples = hooks.calibrate(runtime, launch.plan)
+            table = hooks.fit(runtime, launch.plan, samples)
+            source = launch.plan.source
+        hooks.install_table(runtime, table)
+        if launch.config.adaptive_dspark_cost_table_output and launch.saved_table is None:
+            save_table(table, launch.config.adaptive_dspark_cost_table_output)
+        _audit(launch, engine, table, source)
+    engine.mark_ready()
+    log.info("engine ready", warmup_seconds=round(warm_seconds, 2),
+             startup_seconds=round(time.perf_counter() - started, 2), work=engine.work_counters())
+    return table
+
+
+def _audit(launch, engine, table: CostTable, source: str) -> None:
+    extra: dict[str, Any] = {"cost_model": table.model, "graph_backend": engine.runner.graphs.name
+                             if engine.runner.graphs is not None else "disabled"}
+    if source == "saved table":
+        extra["table_path"] = launch.config.adaptive_dspark_cost_table
+        extra["saved_settings"] = unstructure(table.settings) if table.settings is not None else None
+        extra["coverage"] = [{"context": None if f.context is None else unstructure(f.context),
+                              "coverage": unstructure(f.coverage)} for f in table.fits]
+        if launch.table_note:
+            extra["note"] = launch.table_note
+        settings = extra["saved_settings"] or {"model": table.model, "draft_width": table.draft_width}
+    else:
+        settings = unstructure(launch.plan.settings)
+        if settings.get("target_graph_rows") is None:
+            settings["target_graph_rows"] = points_summary(launch.plan.points)
+        extra["probe_points"] = len(launch.plan.points)
+    emit_startup_audit(source, settings, geometry_record(engine.geometry), **extra)

@@ -1,0 +1,106 @@
+"""Probing: drive the real engine pipeline on random tokens, one probe point at a time.
+
+For each point, ``Bcap`` requests of ``prefill_tokens`` random tokens are
+admitted together and decoded with the point's target rows forced. Time is
+read only when a step's results are processed on the host (the pipeline's own
+result readiness), never with extra timing events or device copies; a window
+is ``window_steps`` consecutive completed decode intervals. Samples stay in
+memory until the fit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from attrs import frozen
+from tqdm import tqdm
+
+from dspark_core.calibration.plan import CalibrationPlan, ProbePoint
+from dspark_core.costs.base import CostSample
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError
+from dspark_core.policy import TierChoice, TierContext, allocate_split
+
+
+@frozen
+class ForcedTier:
+    """A budget policy pinned to one captured tier (calibration only)."""
+
+    rows: int
+    name: str = "forced-tier"
+    uses_draft: bool = True
+    tier_lag: int = 0
+
+    def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
+        if self.rows not in ctx.tiers:
+            raise ConfigError(f"calibration: {self.rows} target rows are not captured for bucket {ctx.request_bucket}")
+        return TierChoice(self.rows)
+
+    split = staticmethod(allocate_split)
+
+
+def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: torch.Generator) -> list[CostSample]:
+    """Run one point and return its windows."""
+    settings = plan.settings
+    warmup = max(settings.warmup_steps, 1)  # the first interval starts at a completed step
+    needed = warmup + settings.window_steps * settings.windows_per_point
+    vocab = engine.runner.target.config.vocab_size
+    stamps: list[float] = []
+
+    def observe(report) -> None:
+        if report.live_requests == point.request_bucket:
+            stamps.append(time.perf_counter())
+
+    saved_policy, engine.policy = engine.policy, ForcedTier(point.target_rows)
+    engine.add_observer(observe)
+    requests = []
+    try:
+        params = SamplingParams(max_tokens=needed * (settings.draft_width + 1) + 1, ignore_eos=True)
+        for _ in range(point.request_bucket):
+            prompt = torch.randint(0, vocab, (point.prefill_tokens,), generator=generator).tolist()
+            requests.append(engine.add_request(prompt, params))
+        while len(stamps) < needed + 1:
+            engine.step()
+            if all(r.finish_reason is not None for r in requests):
+                raise ConfigError(f"calibration: requests of point {point} finished before {needed} steps")
+    finally:
+        for request in requests:
+            if request.finish_reason is None:
+                engine.cancel(request)
+        while engine.queue.in_flight:
+            engine.step()  # drain launched steps so the next point starts clean
+        engine.remove_observer(observe)
+        engine.policy = saved_policy
+    samples = []
+    for w in range(settings.windows_per_point):
+        start = stamps[warmup - 1 + w * settings.window_steps]
+        end = stamps[warmup - 1 + (w + 1) * settings.window_steps]
+        samples.append(CostSample(point.request_bucket, point.target_rows, point.context_index, end - start,
+                                  settings.window_steps))
+    return samples
+
+
+def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True) -> list[CostSample]:
+    """Probe every point of ``plan`` in order; a tqdm bar shows the point being measured."""
+    generator = torch.Generator().manual_seed(plan.settings.token_seed)
+    samples: list[CostSample] = []
+    bar = tqdm(plan.points, desc="calibrating", unit="point", disable=not progress, leave=False)
+    for point in bar:
+        bar.set_postfix_str(f"bucket={point.request_bucket} rows={point.target_rows} ctx={point.context_index}")
+        samples += probe_point(engine, point, plan, generator)
+        engine.work.profiling_runs += 1
+    engine.reset_counters()  # serving statistics start at ready
+    return samples
+
+
+def points_summary(points: Sequence[ProbePoint]) -> dict[str, list[int]]:
+    """Rows probed per bucket (for the audit and logs)."""
+    out: dict[str, list[int]] = {}
+    for p in points:
+        out.setdefault(str(p.request_bucket), [])
+        if p.target_rows not in out[str(p.request_bucket)]:
+            out[str(p.request_bucket)].append(p.target_rows)
+    return out

@@ -1,0 +1,155 @@
+"""From serve flags to a ready engine: validate, load, warm up, calibrate or reuse, install.
+
+Order matters and follows the spec: every rule is checked before any work
+(flags, calibration file, output path, saved table), then graphs are warmed,
+then the cost table is calibrated and fitted (or loaded), installed, and only
+then is the engine ready. A saved table skips calibration and fitting, never
+warmup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from attrs import define
+
+from dspark_core.calibration.plan import CalibrationFile, CalibrationPlan, read_calibration_file, resolve_plan
+from dspark_core.config import ServeConfig
+from dspark_core.costs.fingerprint import Fingerprint, launch_fingerprint
+from dspark_core.device import DeviceSpec, resolve_dtype
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.errors import ConfigError
+from dspark_core.geometry import Geometry, default_request_buckets
+from dspark_core.plugins import Hooks, load_hooks
+from dspark_core.table import CostTable, check_compatible, check_output_path, load_table
+from dspark_core.validate import check_config
+
+
+@define
+class Launch:
+    """Everything resolved from the flags before the first tensor is allocated."""
+
+    config: ServeConfig
+    hooks: Hooks
+    device: DeviceSpec
+    dtype: str
+    geometry: Geometry
+    policy: str
+    policy_options: dict[str, Any]
+    calibration_file: CalibrationFile | None = None
+    saved_table: CostTable | None = None
+    target_path: Path | None = None
+    draft_path: Path | None = None
+    fingerprint: Fingerprint | None = None
+    plan: CalibrationPlan | None = None
+    table_note: str | None = None
+
+
+def pick_device(hooks: Hooks, name: str) -> DeviceSpec:
+    """``auto``: CUDA when usable, else CPU (the NPU is only used when asked for)."""
+    if name != "auto":
+        return hooks.device(name)
+    return hooks.device("cuda") if torch.cuda.is_available() else hooks.device("cpu")
+
+
+def pick_policy(config: ServeConfig) -> tuple[str, dict[str, Any]]:
+    try:
+        options = json.loads(config.budget_policy_options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"budget_policy_options: not valid JSON ({exc.msg})") from None
+    if not isinstance(options, dict):
+        raise ConfigError("budget_policy_options: must be a JSON object")
+    if config.budget_policy != "auto":
+        return config.budget_policy, options
+    if not config.speculative:
+        return "none", options
+    return ("adaptive" if config.adaptive else "fixed"), options
+
+
+def resolve_launch(config: ServeConfig) -> Launch:
+    """Check every flag-level rule and read every input file; allocates nothing."""
+    check_config(config)
+    hooks = load_hooks(config.plugin)
+    device = pick_device(hooks, config.device)
+    buckets = default_request_buckets(config.max_seqs_per_batch, config.acl_graph_decode_batch_size_limit)
+    width = config.num_speculative_tokens if config.speculative else 0
+    policy, options = pick_policy(config)
+    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), Geometry.all_tiers(width, buckets),
+                    policy, options)
+    if config.enable_graph:
+        backend = device.default_graph_backend if config.python_graph_backend == "auto" else config.python_graph_backend
+        hooks.graph_backend(backend, device)  # fails now, not after loading, when it cannot run here
+    if config.adaptive_dspark_cost_table_output:
+        check_output_path(config.adaptive_dspark_cost_table_output)
+    if config.adaptive_dspark_calibration:
+        launch.calibration_file = read_calibration_file(config.adaptive_dspark_calibration)
+    if config.adaptive_dspark_cost_table:
+        launch.saved_table = load_table(config.adaptive_dspark_cost_table, hooks.cost_model)
+    return launch
+
+
+def _resolve_paths(launch: Launch) -> None:
+    from dspark_core.models.fetch import resolve_model_path
+
+    config = launch.config
+    launch.target_path = resolve_model_path(config.model)
+    if config.speculative and launch.policy != "none":
+        if config.draft_model == "default":
+            from dspark_core.models.drafts import default_draft_path
+
+            launch.draft_path = default_draft_path(config.model)
+        else:
+            launch.draft_path = Path(config.draft_model)
+
+
+def graph_backend_name(launch: Launch) -> str:
+    if not launch.config.enable_graph:
+        return "disabled"
+    name = launch.config.python_graph_backend
+    return launch.device.default_graph_backend if name == "auto" else name
+
+
+def build_engine(launch: Launch) -> Engine:
+    """Load the models and construct the engine; then check table and plan against the real model."""
+    from dspark_core.models.loading import load_target
+    from dspark_core.models.speculators_io import load_draft
+
+    config = launch.config
+    _resolve_paths(launch)
+    dtype = getattr(torch, launch.dtype)
+    target = load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype, hooks=launch.hooks)
+    draft = None
+    if launch.draft_path is not None:
+        draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=dtype)
+        if config.adaptive and draft.confidence_head is None:
+            raise ConfigError(f"draft_model {launch.draft_path}: adaptive DSpark needs a draft with a confidence head")
+    graphs = None
+    if config.enable_graph:
+        graphs = launch.hooks.graph_backend(graph_backend_name(launch), launch.device)
+    engine_config = EngineConfig(
+        draft_width=max(launch.geometry.draft_width, 1), policy=launch.policy, policy_options=launch.policy_options,
+        request_buckets=launch.geometry.request_buckets, max_model_len=config.max_model_len,
+        schedule_overlap=config.enable_schedule_overlap and config.enable_task_pipeline,
+    )
+    geometry = launch.geometry if launch.geometry.draft_width else None
+    engine = Engine(target, draft, engine_config, hooks=launch.hooks, geometry=geometry, graphs=graphs)
+    if config.adaptive:
+        launch.fingerprint = launch_fingerprint(
+            config, launch.geometry, device=launch.device.name, graph_backend=graph_backend_name(launch),
+            dtype=launch.dtype, target_path=launch.target_path, draft_path=launch.draft_path)
+        _check_table_or_plan(launch, engine)
+    return engine
+
+
+def _check_table_or_plan(launch: Launch, engine: Engine) -> None:
+    width = launch.config.num_speculative_tokens
+    if launch.saved_table is not None:
+        launch.table_note = check_compatible(launch.saved_table, launch.fingerprint, width)
+        return
+    kv_limit = engine.max_model_len
+    grid_check: Callable[[str], Any] = lambda name: getattr(launch.hooks.cost_model(name), "check_grid", None)  # noqa: E731
+    launch.plan = resolve_plan(width, launch.geometry, kv_limit, launch.calibration_file, grid_check)

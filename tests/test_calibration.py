@@ -1,0 +1,221 @@
+"""Startup calibration: effective configuration, every rule, probing, audit, save and reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import structlog
+
+from dspark_core.audit import STARTUP_AUDIT_EVENT
+from dspark_core.calibration.install import bring_up
+from dspark_core.calibration.plan import read_calibration_file, resolve_plan
+from dspark_core.config import parse_serve_args
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError, TableError
+from dspark_core.geometry import Geometry
+from dspark_core.plugins import default_hooks
+from dspark_core.startup import build_engine, resolve_launch
+from dspark_core.table import load_table
+from checkpoint_support import write_tiny_pair
+
+GEOMETRY = Geometry.all_tiers(7, (1, 2, 4, 8, 16))
+
+
+def grid_check(name):
+    return getattr(default_hooks().cost_model(name), "check_grid", None)
+
+
+def plan_from(tmp_path, data, *, width=7, geometry=GEOMETRY, kv_limit=8192):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    return resolve_plan(width, geometry, kv_limit, read_calibration_file(str(path)), grid_check)
+
+
+# -- effective configuration ---------------------------------------------------------
+
+def test_built_in_defaults():
+    plan = resolve_plan(7, GEOMETRY, 8192, None, grid_check)
+    s = plan.settings
+    assert plan.source == "defaults"
+    assert (s.model, s.draft_width, s.request_buckets) == ("additive", 7, (1, 2, 4, 8, 16))
+    assert [(c.prefill_tokens, c.min_kv_length, c.max_kv_length) for c in s.contexts] == [(2048, 1, 4096)]
+    assert (s.warmup_steps, s.window_steps, s.windows_per_point, s.token_seed) == (8, 32, 3, 1)
+    # every legal captured tier of every bucket, full width included
+    assert len(plan.points) == sum(b * 7 + 1 for b in (1, 2, 4, 8, 16))
+    assert {(p.request_bucket, p.target_rows) for p in plan.points} >= {(16, 128), (1, 8), (1, 1)}
+
+
+def test_default_kv_bound_is_capped_by_the_context_limit():
+    s = resolve_plan(7, GEOMETRY, 3000, None, grid_check).settings
+    assert s.contexts[0].max_kv_length == 3000 and s.contexts[0].prefill_tokens == 2048
+
+
+def test_short_context_shrinks_the_prefill_to_reserve_progress():
+    s = resolve_plan(7, GEOMETRY, 1200, None, grid_check).settings
+    ctx = s.contexts[0]
+    progress = (8 + 32 * 3 + 2) * 8 + 1  # worst case: every step commits K+1, plus two steps in flight
+    assert ctx.max_kv_length == 1200 and ctx.prefill_tokens == 1200 - progress
+
+
+def test_default_that_cannot_fit_asks_for_a_smaller_configuration():
+    with pytest.raises(ConfigError, match=r"advances up to 849 KV positions.*context limit is 600.*"
+                                          r"--adaptive_dspark_calibration"):
+        resolve_plan(7, GEOMETRY, 600, None, grid_check)
+
+
+def test_file_overrides_and_keeps_omitted_defaults(tmp_path):
+    plan = plan_from(tmp_path, {"model": "additive", "request_buckets": [1, 2, 4, 8, 16],
+                                "contexts": [{"prefill_tokens": 1868, "min_kv_length": 1800, "max_kv_length": 4096}],
+                                "window_steps": 16})
+    s = plan.settings
+    assert plan.source == "file" and s.window_steps == 16 and s.token_seed == 1 and s.warmup_steps == 8
+    assert s.draft_width == 7  # inferred from the launch
+
+
+# -- rules ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data,match", [
+    ({"draft_width": 5}, "calibration draft_width 5 does not match num_speculative_tokens=7"),
+    ({"request_buckets": [1, 3]}, r"request_buckets \[3\] are not captured request buckets"),
+    ({"request_buckets": [1], "target_graph_rows": {"1": [1, 8, 9]}}, r"8\), 8 rows|outside its legal range|not captured tiers"),
+    ({"request_buckets": [1, 2], "target_graph_rows": {"1": [1, 4], "2": [2, 4, 16]}}, "lacks full-width coverage; add bucket 1 at 8 rows"),
+    ({"request_buckets": [1, 2], "target_graph_rows": {"1": [1, 8], "2": [2, 16]}}, "not connected through shared target-row values"),
+    ({"contexts": [{"prefill_tokens": 100, "min_kv_length": 1, "max_kv_length": 2000},
+                   {"prefill_tokens": 1900, "min_kv_length": 1500, "max_kv_length": 4000}]}, "context intervals overlap"),
+    ({"contexts": [{"prefill_tokens": 100, "min_kv_length": 1, "max_kv_length": 9000}]}, "exceeds the context limit 8192"),
+    ({"contexts": [{"prefill_tokens": 1000, "min_kv_length": 1, "max_kv_length": 1500}]}, r"worst-case sampling progress 849 exceeds max_kv_length 1500"),
+    ({"contexts": [{"prefill_tokens": 10, "min_kv_length": 500, "max_kv_length": 4000}]}, "must reach min_kv_length"),
+    ({"model": "flat"}, r"no cost model named 'flat'"),
+])
+def test_each_rule_is_enforced_with_its_message(tmp_path, data, match):
+    with pytest.raises(Exception, match=match):
+        plan_from(tmp_path, data)
+
+
+def test_sps_accepts_a_grid_the_additive_model_refuses(tmp_path):
+    plan = plan_from(tmp_path, {"model": "sps", "request_buckets": [1, 2],
+                                "target_graph_rows": {"1": [1, 8], "2": [2, 16]}})
+    assert len(plan.points) == 4
+
+
+@pytest.mark.parametrize("data,path", [
+    ({"windows": 3}, "unknown key(s) (windows) @ $"),
+    ({"warmup_steps": "8"}, "$.warmup_steps"),
+    ({"contexts": [{"prefill_tokens": 1, "min_kv_length": 1, "max_kv_length": 9, "extra": 0}]}, "$.contexts[0]"),
+])
+def test_file_errors_name_the_json_path(tmp_path, data, path):
+    with pytest.raises(ConfigError) as info:
+        plan_from(tmp_path, data)
+    assert path in str(info.value) and "--adaptive_dspark_calibration" in str(info.value)
+
+
+# -- end to end on a tiny checkpoint -------------------------------------------------
+
+CAL = {"request_buckets": [1, 2], "contexts": [{"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 100}],
+       "warmup_steps": 1, "window_steps": 2, "windows_per_point": 2}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return write_tiny_pair(tmp_path_factory.mktemp("ckpt"))
+
+
+def serve_flags(target: Path, draft: Path, *extra: str) -> list[str]:
+    return [f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5", "--max_seqs_per_batch=2",
+            "--max_model_len=128", *extra]
+
+
+def start(argv, *, capture=True):
+    config = parse_serve_args(argv)
+    launch = resolve_launch(config)
+    engine = build_engine(launch)
+    with structlog.testing.capture_logs() as logs:
+        table = bring_up(engine, launch, progress=False)
+    audits = [e for e in logs if e["event"] == STARTUP_AUDIT_EVENT]
+    return engine, table, audits
+
+
+def test_calibrate_save_and_reuse(tmp_path, checkpoints):
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    out = tmp_path / "out" / "costs.json"
+    out.parent.mkdir()
+    engine, table, audits = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}",
+                                              f"--adaptive_dspark_cost_table_output={out}"))
+    work = engine.work_counters()
+    assert work["fits"] == 1 and work["profiling_runs"] == 17 and work["warmups"] == 17  # 6 + 11 tiers
+    assert engine.ready and engine.table is table and out.is_file()
+    assert load_table(out) == table
+    (audit,) = audits
+    assert audit["source"] == "file"
+    assert audit["settings"]["token_seed"] == 1 and audit["settings"]["window_steps"] == 2  # omitted default + file value
+    assert audit["settings"]["draft_width"] == 5
+    assert audit["geometry"]["request_buckets"] == [1, 2]
+    engine.close()
+
+    # reuse: warmup again, but no probing and no fit
+    engine2, table2, audits2 = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"))
+    work2 = engine2.work_counters()
+    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17
+    assert table2 == table and engine2.table == table
+    assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
+    assert audits2[0]["coverage"]
+    engine2.close()
+
+    # an incompatible launch (different captured geometry and width) is refused field by field
+    with pytest.raises(TableError) as info:
+        start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}", "--max_seqs_per_batch=1"))
+    assert "execution.geometry" in str(info.value)
+    with pytest.raises(TableError, match="draft_width"):
+        start([*serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"), "--num_speculative_tokens=7"])
+
+
+def test_serving_after_ready_never_profiles_fits_or_captures(tmp_path, checkpoints):
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({**CAL, "contexts": [{"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 60}]}))
+    engine, _, _ = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}"))
+    before = engine.work_counters()
+    prompts = [[5, 6, 7], list(range(10, 50)), [9], list(range(3, 30))]
+    for batch in ([0], [0, 1], [1, 2, 3], [3]):
+        engine.generate([prompts[i] for i in batch], SamplingParams(max_tokens=30, ignore_eos=True))
+    assert engine.work_counters() == before
+    # long contexts left the calibrated KV interval: those steps took the full-width path
+    assert engine.counters.fallback_steps > 0
+    engine.close()
+
+
+def test_output_path_and_directory_are_checked_before_any_work(tmp_path, checkpoints):
+    target, draft = checkpoints
+    existing = tmp_path / "exists.json"
+    existing.write_text("{}")
+    with pytest.raises(TableError, match="already exists"):
+        resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_cost_table_output={existing}")))
+    with pytest.raises(TableError, match="does not exist; create it before launch"):
+        resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_cost_table_output={tmp_path}/no/x.json")))
+
+
+def test_adaptive_needs_a_confidence_head(tmp_path, checkpoints):
+    from dspark_core.models.random_models import random_draft
+    from dspark_core.models.speculators_io import load_draft, save_draft
+
+    target, draft_dir = checkpoints
+    shape = load_draft(draft_dir).config
+    target_config = tiny_config(shape.target_vocab_size)
+    plain = random_draft(target_config, block_size=7, enable_confidence_head=False, markov_rank=0)
+    save_draft(plain, tmp_path / "plain")
+    with pytest.raises(ConfigError, match="needs a draft with a confidence head"):
+        build_engine(resolve_launch(parse_serve_args(serve_flags(target, tmp_path / "plain"))))
+    # fixed-width DSpark keeps its own contract and accepts it
+    engine = build_engine(resolve_launch(parse_serve_args(
+        serve_flags(target, tmp_path / "plain", "--enable_adaptive_speculative_decode=false"))))
+    engine.close()
+
+
+def tiny_config(vocab: int):
+    from dspark_core.models.random_models import tiny_target_config
+
+    return tiny_target_config(vocab_size=vocab, num_layers=2, max_position=512)
