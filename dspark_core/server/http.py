@@ -7,11 +7,34 @@ drains the engine service and stops its thread.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
 
 import uvicorn
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a handled SIGINT/SIGTERM ends ``serve_http`` normally.
+
+    (Stock uvicorn re-raises the captured signal after its graceful shutdown,
+    which kills the process with that signal's status.)
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def _config(app, host: str, port: int, log_level: str, graceful_timeout: float | None) -> uvicorn.Config:
@@ -23,11 +46,8 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout: float |
 def serve_http(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
                graceful_timeout: float | None = 30.0) -> None:
     """Serve ``app`` until SIGINT/SIGTERM, then shut down gracefully and return."""
-    server = uvicorn.Server(_config(app, host, port, log_level, graceful_timeout))
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises the captured signal after its graceful shutdown
-        pass
+    server = _Server(_config(app, host, port, log_level, graceful_timeout))
+    server.run()
     if not server.started:
         raise OSError(f"the HTTP server could not start on {host}:{port} (see the log above)")
 
