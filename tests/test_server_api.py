@@ -207,3 +207,34 @@ def test_ready_gating():
         assert httpx.get(srv.url + "/ready").status_code == 200
         late = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "temperature": 0, "max_tokens": 4})
         assert late.status_code == 200 and late.json()["usage"]["completion_tokens"] <= 4
+
+
+def test_prepare_installs_on_the_engine_thread_then_marks_ready():
+    import threading
+
+    service = AsyncEngineService(tiny_engine(seed=2, buckets=BUCKETS, max_model_len=128, overlap=False), max_pending=4)
+    release = threading.Event()
+    seen = {}
+
+    def setup(engine):  # stands in for warmup + startup calibration
+        seen["thread"] = threading.current_thread().name
+        release.wait(10)
+        engine.install_table(synthetic_table(7, BUCKETS))
+
+    with BackgroundServer(build_app(service, model_name="prepared")) as srv:
+        future = service.prepare(setup)
+        assert httpx.get(srv.url + "/ready").json()["reason"] == "not_ready"
+        release.set()
+        future.result(10)
+        assert seen["thread"] == "dspark-engine"
+        assert httpx.get(srv.url + "/ready").status_code == 200
+        assert service.call(lambda e: e.table is not None).result(10)
+
+    failing = AsyncEngineService(tiny_engine(seed=2, buckets=(1,), max_model_len=128, overlap=False))
+    with BackgroundServer(build_app(failing, model_name="broken")) as srv:
+        future = failing.prepare(lambda engine: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            future.result(10)
+        assert httpx.get(srv.url + "/health").status_code == 503
+        refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "temperature": 0})
+        assert refused.status_code == 503 and "ZeroDivisionError" in refused.json()["error"]["message"]

@@ -4,9 +4,8 @@ Wiring (what ``dspark-core serve`` does)::
 
     service = AsyncEngineService(engine, max_pending=256)
     app = build_app(service, model_name="smollm2")
-    # startup calibration installs the cost table on the engine thread, then:
-    #   service.call(lambda e: e.install_table(table)).result(); service.mark_ready()
-    serve_http(app, host, port)
+    service.prepare(calibrate_and_install)  # on the engine thread; marks ready when it returns
+    serve_http(app, host, port)             # /health 200 and /ready 503 meanwhile
 
 Modules: :mod:`.service` (engine thread, admission, cancellation),
 :mod:`.schema` (request validation), :mod:`.responses` (OpenAI shapes, SSE),

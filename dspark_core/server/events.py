@@ -1,4 +1,4 @@
-"""What flows between the engine thread and the event loop: a submission and its events."""
+"""What flows between the engine thread and the event loop: a submission, its events, refusals."""
 
 from __future__ import annotations
 
@@ -51,3 +51,22 @@ class Submission:
     first_token: float | None = None
     last_token: float | None = None
     done: bool = False
+
+
+def not_ready() -> ApiError:
+    return ApiError(503, "the server is not ready: the cost table is not installed yet (startup calibration is "
+                    "running); retry when /ready returns 200", code="not_ready", kind="unavailable_error")
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
+
+
+def engine_failed(status: int, exc: BaseException) -> ApiError:
+    return ApiError(status, f"the engine failed and is not serving: {exc!r}", code="engine_failed",
+                    kind="server_error")
+
+
+def overloaded(pending: int, limit: int) -> ApiError:
+    return ApiError(429, f"server overloaded: {pending} requests are already queued or running (limit {limit}); "
+                    "retry later", code="server_overloaded", kind="overloaded_error")

@@ -1,14 +1,11 @@
-"""AsyncEngineService: the single-threaded Engine behind an asyncio front end.
+"""AsyncEngineService: the Engine on one dedicated thread behind an asyncio front end.
 
-The Engine is not thread-safe, so one dedicated thread owns it and runs the
-step loop while there is work, sleeping on a condition variable when idle.
-Everything else talks to that thread through a locked inbox (new requests,
-cancellations, calls) that it drains between steps. Results flow back through
-one asyncio queue per request, fed with ``loop.call_soon_threadsafe``: new
-token ids after each step (streaming requests only) and one final event.
-
-Admission is bounded: at most ``max_pending`` requests may be waiting or
-running at once; the next one is refused at once with a 429 ApiError.
+The thread runs the step loop while there is work and sleeps on a condition
+when idle; others post to a locked inbox (requests, cancellations, calls) that
+it drains between steps. Results return through one asyncio queue per request
+(``loop.call_soon_threadsafe``): new token ids per step when streaming, then
+one final event. At most ``max_pending`` requests are admitted (waiting or
+running); the next one is refused at once with a 429 ApiError.
 """
 
 from __future__ import annotations
@@ -24,20 +21,17 @@ from typing import Any
 
 from dspark_core.engine.request import RequestOutput, SamplingParams
 from dspark_core.errors import ConfigError
+from dspark_core.server import events
 from dspark_core.server.events import Failed, Finished, Submission, Tokens
-from dspark_core.server.fields import ApiError
 
 log = logging.getLogger(__name__)
-
-
-def shutting_down() -> ApiError:
-    return ApiError(503, "the server is shutting down", code="shutting_down", kind="unavailable_error")
 
 
 class AsyncEngineService:
     """Runs ``engine`` on its own thread and serves asyncio callers."""
 
     def __init__(self, engine, *, max_pending: int = 256) -> None:
+        """``engine`` is owned by the service from now on: touch it only through :meth:`call`."""
         if max_pending < 1:
             raise ConfigError(f"max_pending must be at least 1, got {max_pending}")
         self.engine = engine
@@ -49,11 +43,10 @@ class AsyncEngineService:
         self.vocab_size = engine.runner.target.config.vocab_size
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
-        self._pending = 0  # accepted and not yet finished (guarded by _cond)
+        self.pending = 0  # admitted and not yet answered (written under _cond)
         self._live: dict[str, Submission] = {}  # engine thread only: request_id -> submission
         self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._closing = False
+        self._stopping = self._closing = False
         self._ready = threading.Event()
         self.failure: BaseException | None = None
         self.waiting = self.running = 0  # engine-thread snapshots for metrics
@@ -74,27 +67,35 @@ class AsyncEngineService:
     def ready(self) -> bool:
         return self.unavailable() is None
 
-    @property
-    def pending(self) -> int:
-        return self._pending
-
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """Run ``fn(engine)`` on the engine thread between steps (e.g. calibration, then install_table)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._post("call", (fn, future))
         return future
 
-    def unavailable(self) -> ApiError | None:
+    def prepare(self, setup: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """Start the thread, run ``setup(engine)`` on it (warmup, calibration, install_table), then mark
+        ready; if ``setup`` raises, the service fails instead (/health and /ready answer 503)."""
+        def run(engine):
+            try:
+                result = setup(engine)
+            except BaseException as exc:
+                log.error("startup setup failed: %r", exc)
+                self.failure = exc
+                raise
+            self.mark_ready()  # before the future resolves, so its waiters see the service ready
+            return result
+
+        self.start()
+        return self.call(run)
+
+    def unavailable(self) -> events.ApiError | None:
         """Why generation requests are refused right now (a 503), or None when they are admitted."""
         if self.failure is not None:
-            return ApiError(503, f"the engine has failed and is not serving: {self.failure!r}", code="engine_failed",
-                            kind="server_error")
+            return events.engine_failed(503, self.failure)
         if self._closing or self._stopping:
-            return shutting_down()
-        if not self._ready.is_set():
-            return ApiError(503, "the server is not ready: the cost table is not installed yet (startup calibration "
-                            "is running); retry when /ready returns 200", code="not_ready", kind="unavailable_error")
-        return None
+            return events.shutting_down()
+        return None if self._ready.is_set() else events.not_ready()
 
     def submit(self, prompt: list[int], params: SamplingParams, *, stream: bool = False) -> Submission:
         """Admit a request (call from the event loop); raises ApiError 429/503 when it cannot be admitted."""
@@ -102,11 +103,9 @@ class AsyncEngineService:
             raise refusal
         sub = Submission(prompt, params, stream, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
-            if self._pending >= self.max_pending:
-                raise ApiError(429, f"server overloaded: {self._pending} requests are already queued or running "
-                               f"(limit {self.max_pending}); retry later", code="server_overloaded",
-                               kind="overloaded_error")
-            self._pending += 1
+            if self.pending >= self.max_pending:
+                raise events.overloaded(self.pending, self.max_pending)
+            self.pending += 1
             self._inbox.append(("add", sub))
             self._cond.notify()
         return sub
@@ -132,7 +131,7 @@ class AsyncEngineService:
         """Graceful shutdown: refuse new requests, let admitted ones finish (up to the timeout), stop."""
         self._closing = True
         deadline = time.monotonic() + drain_timeout
-        while self._pending and time.monotonic() < deadline and self.failure is None:
+        while self.pending and time.monotonic() < deadline and self.failure is None:
             await asyncio.sleep(0.01)
         await asyncio.to_thread(self.stop)
 
@@ -159,7 +158,7 @@ class AsyncEngineService:
                     self._apply(kind, item, stopping)
                 if stopping:
                     for sub in list(self._live.values()):
-                        self._cancel(sub, Failed(shutting_down()))
+                        self._cancel(sub, Failed(events.shutting_down()))
                 if self._has_work():
                     self._publish(self.engine.step())
                 elif stopping:
@@ -169,7 +168,7 @@ class AsyncEngineService:
         except BaseException as exc:  # an engine bug: fail every request rather than hang them
             log.exception("engine thread failed")
             self.failure = exc
-            self._fail_all(ApiError(500, f"engine failure: {exc!r}", code="engine_failed", kind="server_error"))
+            self._fail_all(events.engine_failed(500, exc))
         finally:
             self.engine.close()
 
@@ -184,12 +183,12 @@ class AsyncEngineService:
         elif kind == "cancel":
             self._cancel(item, Finished("cancelled", None))
         elif stopping:
-            self._finish(item, Failed(shutting_down()))
+            self._finish(item, Failed(events.shutting_down()))
         else:
             try:
                 item.request = self.engine.add_request(item.prompt, item.params)
             except (ConfigError, ValueError) as exc:
-                self._finish(item, Failed(ApiError(400, str(exc), code="invalid_request")))
+                self._finish(item, Failed(events.ApiError(400, str(exc), code="invalid_request")))
                 return
             self._live[item.request.request_id] = item
         self._snapshot()
@@ -226,7 +225,7 @@ class AsyncEngineService:
         sub.done = True
         self._push(sub, event)
         with self._cond:
-            self._pending -= 1
+            self.pending -= 1
 
     def _push(self, sub: Submission, event: Any) -> None:
         try:
@@ -238,16 +237,13 @@ class AsyncEngineService:
         s = self.engine.scheduler
         self.waiting, self.running = len(s.waiting), len(s.running)
 
-    def _fail_all(self, error: ApiError) -> None:
+    def _fail_all(self, error: events.ApiError) -> None:
         with self._cond:
-            items = list(self._inbox)
-            self._inbox.clear()
+            items, self._inbox = list(self._inbox), deque()
         for kind, item in items:
-            if kind == "add":
-                self._finish(item, Failed(error))
-            elif kind == "call":
+            if kind == "call":
                 item[1].set_exception(RuntimeError(error.message))
-        for sub in list(self._live.values()):
+        for sub in [i for k, i in items if k == "add"] + list(self._live.values()):
             if not sub.done:
                 self._finish(sub, Failed(error))
         self._live.clear()
