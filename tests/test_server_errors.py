@@ -68,6 +68,7 @@ CASES = [
     (C, {"prompt": "x", "temperature": 0, "stream_options": {"include_usage": True}}, 400,
      ["stream_options", "stream=true"], "stream_options"),
     (C, {"prompt": "x", "temperature": 0, "model": "gpt-4"}, 404, ["gpt-4", "tiny"], "model"),
+    (C, b'{"prompt": "' + b"x" * (5 << 20) + b'", "temperature": 0}', 413, ["exceeds 4194304 bytes"], None),
 ]
 
 

@@ -25,7 +25,8 @@ from starlette.routing import Route
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import DSparkError
 from dspark_core.server.metrics import ServerMetrics
-from dspark_core.server.responses import DONE, ChunkWriter, TextDeltas, completion_body, dspark_summary, new_id
+from dspark_core.server.responses import (DONE, ChunkWriter, TextDeltas, completion_body, dspark_summary, new_id,
+                                          read_body, wait_disconnect)
 from dspark_core.server.schema import ApiError, GenerationRequest, check_lengths, parse_request
 from dspark_core.server.events import Failed, Finished, Submission, Tokens
 from dspark_core.server.service import AsyncEngineService
@@ -40,11 +41,13 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMetrics | None = None,
-              completion_max_tokens: int = 16, drain_timeout: float = 30.0) -> Starlette:
+              completion_max_tokens: int = 16, drain_timeout: float = 30.0,
+              max_body_bytes: int = 4 << 20) -> Starlette:
     """The HTTP app. Its lifespan starts the service's engine thread and drains it on shutdown.
 
     ``completion_max_tokens`` is /v1/completions' default when a request omits
     max_tokens (OpenAI's is 16); chat requests default to the rest of the context.
+    Bodies over ``max_body_bytes`` are refused with 413.
     """
     metrics = metrics or ServerMetrics(service.draft_width)
     service.engine.add_observer(metrics.observe_step)
@@ -75,7 +78,7 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
             refusal = service.unavailable()
             if refusal is not None:
                 raise refusal
-            req = parse_request(await request.body(), chat=chat)
+            req = parse_request(await read_body(request, max_body_bytes), chat=chat)
             if req.model is not None and req.model != model_name:
                 raise ApiError(404, f"model: {req.model!r} is not served here; this server serves {model_name!r}",
                                param="model", code="model_not_found", kind="not_found_error")
@@ -121,13 +124,13 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
                 done, _ = await asyncio.wait({get, disconnect}, return_when=asyncio.FIRST_COMPLETED)
                 if get not in done:
                     get.cancel()
-                    service.cancel(sub)
                     return None
                 event = get.result()
                 if isinstance(event, Finished | Failed):
                     return event
-        finally:
+        finally:  # also reached when uvicorn cancels the handler (graceful-shutdown timeout)
             disconnect.cancel()
+            service.cancel(sub)  # a no-op once the request finished
 
     async def stream(sub: Submission, req: GenerationRequest, rid: str, endpoint: str) -> AsyncIterator[bytes]:
         writer = ChunkWriter(rid, model_name, chat=req.chat)
@@ -221,9 +224,3 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
     app.state.metrics = metrics
     return app
 
-
-async def wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

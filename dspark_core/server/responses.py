@@ -1,4 +1,4 @@
-"""OpenAI-shaped response bodies, SSE chunks and incremental detokenization for streams."""
+"""OpenAI-shaped response bodies, SSE chunks, incremental detokenization and small HTTP helpers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from dspark_core.engine.request import RequestOutput
+from dspark_core.server.fields import ApiError
 
 REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 
@@ -128,3 +129,26 @@ class TextDeltas:
         rest = final_text[len(sent):] if final_text.startswith(sent) else ""
         self.emitted = len(self.text)
         return rest
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request body, or a 413 ApiError as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    too_big = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def wait_disconnect(request) -> None:
+    """Return when the client closes the connection (the body must already have been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
