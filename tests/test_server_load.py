@@ -63,6 +63,7 @@ def test_overload_gets_429_and_loses_nothing(served):
         error = r.json()["error"]
         assert "overloaded" in error["message"] and "limit 4" in error["message"]
         assert error["code"] == "server_overloaded" and r.headers["retry-after"] == "1"
+        assert dt < 5.0  # refused at admission, not after waiting for a slot
     ids = [r.json()["id"] for _, r in ok]
     assert len(set(ids)) == len(ids)
     for i, r in ok:  # every accepted request completed once, with its own exact output
