@@ -92,5 +92,5 @@ def test_cached_forward_matches_full_recompute(smollm2):
 
 def test_cli_generate_json(capsys):
     assert main(["generate", "--model=smollm2", "--prompt", QUESTION, "--chat", "--max_tokens=12", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = json.loads(capsys.readouterr().out)["completions"][0]
     assert "Paris" in result["text"] and result["token_ids"] and all(isinstance(t, int) for t in result["token_ids"])

@@ -1,57 +1,127 @@
-"""``dspark-core generate``: target-only greedy completion (the exactness reference)."""
+"""``dspark-core generate``: greedy completions through the engine, with speculation statistics."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from dspark_core.errors import ModelError
+from dspark_core.errors import ConfigError
 
 NAME = "generate"
-HELP = "Greedy completion of one prompt by the target model alone (no draft, no speculation)."
+HELP = "Greedy completions of one prompt or a JSONL file of prompts (target alone, or with a DSpark draft)."
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="GGUF file, Hugging Face directory or alias (smollm2). Default: smollm2.")
-    parser.add_argument("--prompt", required=True, help="Prompt text.")
-    parser.add_argument("--chat", action="store_true", help="Wrap the prompt as one user turn with the model's chat template.")
-    parser.add_argument("--max_tokens", type=int, default=64, help="Most new tokens to generate (stops earlier at EOS). Default: 64.")
-    parser.add_argument("--device", default="cpu", help="Torch device. Default: cpu.")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Weight dtype. Default: float32.")
-    parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE", help="Extra plugin to load (repeatable), e.g. another model family.")
-    parser.add_argument("--json", action="store_true", help="Print one JSON object (text, token ids, timings) instead of the text.")
+    parser.add_argument("--model", default="smollm2", help="GGUF file, Hugging Face directory or alias (smollm2).")
+    parser.add_argument("--draft_model", default=None,
+                        help="DSpark draft directory, or `default` for the draft shipped for the target. Omit for target-only.")
+    parser.add_argument("--num_speculative_tokens", type=int, default=7, help="Draft width K.")
+    parser.add_argument("--policy", default=None,
+                        help="Budget policy (adaptive, fixed, none, or a plugin's). Default: fixed with a draft, none without.")
+    parser.add_argument("--policy_options", default="{}", help='JSON options for the policy, e.g. \'{"k": 3}\'.')
+    parser.add_argument("--cost_table", default=None, help="Cost table for the adaptive policy (without one it verifies full width).")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="Prompt text.")
+    source.add_argument("--prompts", help="JSONL file, one object per line with `prompt` (raw text) or `messages` (chat).")
+    parser.add_argument("--chat", action="store_true", help="Wrap --prompt as one user turn with the model's chat template.")
+    parser.add_argument("--max_tokens", type=int, default=64, help="Most new tokens per prompt (stops earlier at EOS).")
+    parser.add_argument("--max_batch", type=int, default=16, help="Largest request bucket (prompts decoded together).")
+    parser.add_argument("--device", default="cpu", help="Torch device.")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Weight dtype.")
+    parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE", help="Extra plugin (repeatable).")
+    parser.add_argument("--json", action="store_true", help="Print one JSON object with every completion and its statistics.")
+
+
+def read_prompts(path: str) -> list[Any]:
+    """JSONL prompts: each line an object with ``prompt`` (text) or ``messages`` (chat turns)."""
+    items: list[Any] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"--prompts {path}: cannot read ({exc.strerror})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--prompts {path}:{number}: not valid JSON ({exc.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+            items.append(record["prompt"])
+        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+            items.append(record["messages"])
+        else:
+            raise ConfigError(f"--prompts {path}:{number}: expected an object with a `prompt` string or a `messages` list")
+    if not items:
+        raise ConfigError(f"--prompts {path}: no prompts")
+    return items
+
+
+def build_engine(args: argparse.Namespace):
+    """The engine for these flags (shared with the benchmark's in-process mode)."""
+    from dspark_core.engine.engine import Engine, EngineConfig
+    from dspark_core.geometry import default_request_buckets
+    from dspark_core.models.drafts import default_draft_path
+    from dspark_core.models.loading import load_target
+    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.plugins import load_hooks
+    from dspark_core.table import load_table
+
+    hooks = load_hooks(args.plugin)
+    dtype = _DTYPES[args.dtype]
+    target = load_target(args.model, device=args.device, dtype=dtype, hooks=hooks)
+    draft = None
+    if args.draft_model:
+        path = default_draft_path(args.model) if args.draft_model == "default" else args.draft_model
+        draft = load_draft(path, device=args.device, dtype=dtype)
+    policy = args.policy or ("fixed" if draft is not None else "none")
+    try:
+        options = json.loads(args.policy_options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--policy_options: not valid JSON ({exc.msg})") from None
+    config = EngineConfig(draft_width=args.num_speculative_tokens, policy=policy, policy_options=options,
+                          request_buckets=default_request_buckets(args.max_batch))
+    engine = Engine(target, draft, config, hooks=hooks)
+    if args.cost_table:
+        engine.install_table(load_table(args.cost_table, hooks.cost_model))
+    return engine
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark_core.models.loading import load_target
-    from dspark_core.models.reference import greedy_generate
-    from dspark_core.plugins import load_hooks
+    from dspark_core.engine.request import SamplingParams
 
     if args.max_tokens < 1:
-        raise ModelError(f"--max_tokens must be >= 1, got {args.max_tokens}")
+        raise ConfigError(f"--max_tokens must be >= 1, got {args.max_tokens}")
     started = time.perf_counter()
-    model = load_target(args.model, device=args.device, dtype=_DTYPES[args.dtype], hooks=load_hooks(args.plugin))
+    engine = build_engine(args)
     loaded = time.perf_counter()
-    tok = model.tokenizer
-    prompt_ids = tok.encode_chat(args.prompt) if args.chat else tok.encode(args.prompt)
-    if not prompt_ids:
-        raise ModelError("the prompt encodes to no tokens")
-    if len(prompt_ids) + args.max_tokens > model.config.max_position:
-        raise ModelError(f"prompt ({len(prompt_ids)} tokens) plus --max_tokens {args.max_tokens} exceeds the context limit {model.config.max_position}")
-    out = greedy_generate(model, prompt_ids, args.max_tokens)
-    done = time.perf_counter()
-    text = tok.decode(out)
-    if args.json:
-        finish = "stop" if out and out[-1] in model.config.eos_token_ids else "length"
-        print(json.dumps({
-            "model": str(args.model), "text": text, "token_ids": out, "prompt_token_ids": prompt_ids,
-            "finish_reason": finish, "load_seconds": round(loaded - started, 3), "generate_seconds": round(done - loaded, 3),
-        }))
+    if args.prompts:
+        prompts = read_prompts(args.prompts)
     else:
-        print(text)
+        prompts = [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt]
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens))
+    done = time.perf_counter()
+    engine.close()
+    if not args.json:
+        for output in outputs:
+            print(output.text)
+        return 0
+    tokens = sum(len(o.token_ids) for o in outputs)
+    print(json.dumps({
+        "model": str(args.model), "policy": engine.policy.name, "num_speculative_tokens": engine.config.draft_width,
+        "load_seconds": round(loaded - started, 3), "generate_seconds": round(done - loaded, 3),
+        "output_tokens_per_second": round(tokens / max(done - loaded, 1e-9), 2),
+        "completions": [{
+            "text": o.text, "token_ids": list(o.token_ids), "prompt_tokens": o.prompt_tokens,
+            "finish_reason": o.finish_reason, "steps": o.steps, "acceptance": round(o.acceptance, 4),
+            "accepted_length": round(o.accepted_length, 4), "verify_widths": list(o.verify_widths),
+        } for o in outputs],
+    }))
     return 0
