@@ -129,3 +129,14 @@ def test_config_translation_defaults_and_errors(tmp_path):
         glm_dsa_config_from_hf({**raw, "model_type": "llama"}, tmp_path)
     with pytest.raises(ModelError, match="no \\*.safetensors"):
         read_glm_dsa_dir(tmp_path)
+
+
+def test_bfloat16_forward_runs_and_tracks_float32():
+    """The NPU default dtype: scores/softmax/router run in float32 inside, outputs stay close."""
+    cfg = tiny_glm_dsa_config(index_topk=64)  # dense selection: no bf16-induced selection flips
+    tensors = random_glm_dsa_tensors(cfg, seed=9)
+    toks = tokens(20, seed=4)
+    low = cached_logits(GlmDsaTarget(cfg, tensors, dtype=torch.bfloat16), toks, [12, 1, 7])
+    high = cached_logits(GlmDsaTarget(cfg, tensors, dtype=torch.float32), toks, [12, 1, 7])
+    assert low.dtype == torch.float32 and torch.isfinite(low).all()
+    assert (low - high).abs().max() < 0.1 * high.abs().max()
