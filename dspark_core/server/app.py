@@ -83,7 +83,8 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
                 raise ApiError(404, f"model: {req.model!r} is not served here; this server serves {model_name!r}",
                                param="model", code="model_not_found", kind="not_found_error")
             if req.stop and service.tokenizer is None:
-                raise ApiError(400, "stop: stop strings need a tokenizer and this model has none", param="stop")
+                raise ApiError(400, "stop: stop strings need a tokenizer and this model has none", param="stop",
+                               code="no_tokenizer")
             ids = encode(req)
             max_tokens = check_lengths(len(ids), req.max_tokens, max_model_len=service.max_model_len,
                                        reserve=service.reserve, default_max_tokens=None if chat else completion_max_tokens)
