@@ -21,6 +21,8 @@ from dspark_core.models.glm_dsa.model import GlmDsaTarget
 from dspark_core.models.hf_loader import read_hf_tokenizer, read_json
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+#: Tensors kept in float32 whatever the serving dtype (the router's expert-choice bias is tiny and precise).
+FLOAT32_TENSORS = ("e_score_correction_bias",)
 
 
 def wanted(name: str, cfg: GlmDsaConfig) -> bool:
@@ -30,7 +32,8 @@ def wanted(name: str, cfg: GlmDsaConfig) -> bool:
 
 
 def read_glm_dsa_tensors(directory: Path, cfg: GlmDsaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors the target needs from every ``*.safetensors`` file, floating ones cast to ``dtype``."""
+    """The tensors the target needs from every ``*.safetensors`` file, floating ones cast to ``dtype``
+    (except :data:`FLOAT32_TENSORS`)."""
     from safetensors import SafetensorError, safe_open
 
     files = sorted(directory.glob("*.safetensors"))
@@ -45,7 +48,9 @@ def read_glm_dsa_tensors(directory: Path, cfg: GlmDsaConfig, dtype: torch.dtype)
                         raise ModelError(f"{f}: {name} is an FP8 block scale; quantised checkpoints are not supported")
                     if wanted(name, cfg):
                         t = handle.get_tensor(name)
-                        tensors[name] = t.to(dtype) if t.is_floating_point() else t
+                        if t.is_floating_point():
+                            t = t.float() if name.endswith(FLOAT32_TENSORS) else t.to(dtype)
+                        tensors[name] = t
         except (SafetensorError, OSError) as exc:
             raise ModelError(f"{f}: cannot read safetensors ({exc})") from None
     return tensors
