@@ -140,3 +140,13 @@ def test_bfloat16_forward_runs_and_tracks_float32():
     high = cached_logits(GlmDsaTarget(cfg, tensors, dtype=torch.float32), toks, [12, 1, 7])
     assert low.dtype == torch.float32 and torch.isfinite(low).all()
     assert (low - high).abs().max() < 0.1 * high.abs().max()
+
+
+@pytest.mark.parametrize("arch", ["glm_moe_dsa", "glm_dsa", "deepseek_v32", "GLM_MOE_DSA"])
+def test_family_plugin_is_registered_for_each_architecture(arch):
+    from dspark_core.plugins import default_hooks
+    from dspark_plugins.models.glm_dsa import GlmDsaFamily
+
+    hooks = default_hooks()
+    assert isinstance(hooks.model_family(arch), GlmDsaFamily)
+    assert "glm_dsa" in {c.name for c in hooks.components("model_family")}
