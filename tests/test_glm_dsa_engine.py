@@ -67,3 +67,16 @@ def test_accepting_draft_is_exact_and_accepts(models, prompts, references, polic
     engine, outputs = run(target, oracle, prompts, width, policy, options, overlap=overlap)
     assert [list(o.token_ids) for o in outputs] == references
     assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.5  # multi-token verify rows really ran
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_static_shape_target_is_exact(models, prompts, references, overlap):
+    """The same run with the target pinned to the graph-capture (static-shape) forward."""
+    target, draft = models
+    oracle = OracleDraft(draft, {tuple(p): r for p, r in zip(prompts, references)}, seed=3)
+    target.static_shapes = True
+    try:
+        engine, outputs = run(target, oracle, prompts, 7, "adaptive", {}, overlap=overlap)
+    finally:
+        target.static_shapes = False
+    assert [list(o.token_ids) for o in outputs] == references

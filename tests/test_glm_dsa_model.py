@@ -150,3 +150,40 @@ def test_family_plugin_is_registered_for_each_architecture(arch):
     hooks = default_hooks()
     assert isinstance(hooks.model_family(arch), GlmDsaFamily)
     assert "glm_dsa" in {c.name for c in hooks.components("model_family")}
+
+
+def static_model(seed: int = 0, **overrides) -> GlmDsaTarget:
+    m = random_glm_dsa_target(tiny_glm_dsa_config(**overrides), seed=seed, dtype=torch.float64)
+    m.static_shapes = True
+    return m
+
+
+def test_static_shape_mode_equals_the_reference():
+    """The graph-capture forward (each row alone, full cache scan, every expert run) computes the same."""
+    m = static_model(seed=0)
+    toks = tokens(30)
+    torch.testing.assert_close(cached_logits(m, toks, [12, 1, 1, 5, 1, 8, 2]), full_forward(m, toks)[0], atol=TOL, rtol=0)
+    prompts = [tokens(9, 5), tokens(4, 7)]
+    batch = ForwardBatch(torch.tensor(prompts[0] + prompts[1]), torch.tensor(list(range(9)) + list(range(4))),
+                         torch.tensor([2, 0, 1]), torch.tensor([0, 9, 9, 13]))  # middle request: no rows
+    out = m.forward(batch, m.new_cache(3, 16), hidden_layers=(1,))
+    torch.testing.assert_close(out.logits, torch.cat([full_forward(m, p)[0] for p in prompts]), atol=TOL, rtol=0)
+
+
+def test_static_shape_forward_has_no_host_reads_or_dynamic_shapes():
+    """Traced whole with torch.compile(fullgraph=True): any .item(), .tolist(), nonzero or unique
+    (what a device graph cannot record) would be a graph break and raise here."""
+    m = static_model(seed=1)
+    cache = m.new_cache(3, 32)
+
+    @torch.no_grad()
+    def verify(batch):
+        logits, hidden = m.forward_tensors(batch, cache, hidden_layers=(1, 3))
+        return logits.argmax(-1), hidden
+
+    batch = make_forward_batch([[5, 6, 7], [8, 9]], [4, 2], [0, 2])
+    traced = torch.compile(verify, fullgraph=True, backend="eager", dynamic=False)
+    got, hidden = traced(batch)
+    want, want_hidden = verify(batch)
+    assert got.tolist() == want.tolist()
+    torch.testing.assert_close(hidden, want_hidden, atol=TOL, rtol=0)

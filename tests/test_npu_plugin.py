@@ -22,6 +22,7 @@ import torch
 from dspark_core.device import DeviceSpec
 from dspark_core.errors import ConfigError
 from dspark_core.graphs import BindingKey
+from dspark_core.models.glm_dsa.static import static_shapes_active
 from dspark_core.plugins import Hooks, build_plugin_manager
 
 NPU = DeviceSpec("npu", "npu", "bfloat16", "aclgraph", "hccl")
@@ -120,7 +121,14 @@ def test_aclgraph_resolves_its_graph_api_from_torch_npu(hooks, fake_torch_npu):
     assert api.stream is torch.npu.stream and api.current_stream is torch.npu.current_stream
     # the capture/replay plumbing with the fake runtime (a real NPU graph is not exercised here)
     key = BindingKey(7, 1, 8, "bfloat16", "npu")
-    backend.prepare(key, lambda x: (x * 2,), {"x": torch.ones(2)})
+    modes = []
+
+    def fn(x):
+        modes.append(static_shapes_active())
+        return (x * 2,)
+
+    backend.prepare(key, fn, {"x": torch.ones(2)})
+    assert modes and all(modes) and not static_shapes_active()  # targets run static-shape while captured
     (out,) = backend.run(key, {"x": torch.ones(2)})
     assert backend.counters.captures == 1 and backend.counters.replays == 1 and out.tolist() == [2.0, 2.0]
     assert backend._prepared[key].graph.replays == 1

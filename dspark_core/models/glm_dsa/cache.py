@@ -52,7 +52,7 @@ class GlmDsaCache:
         self.index_keys[index_layer][slot_of_row, positions] = keys.to(self.index_keys.dtype)
 
     def read_index(self, index_layer: int, slot_ids: torch.Tensor, length: int) -> torch.Tensor:
-        """Indexer keys of positions ``0..length-1`` per request: ``[B, length, D]``."""
+        """Indexer keys of positions ``0..length-1`` of each slot in ``slot_ids``: ``[len(slot_ids), length, D]``."""
         return self.index_keys[index_layer][slot_ids, :length]
 
     def gather(self, layer: int, slot_of_row: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.models.glm_dsa.config import GlmDsaConfig
+from dspark_core.models.glm_dsa.static import PerRow
 from dspark_core.models.glm_dsa.weights import Weights, rope_on_prefix, score_dtype
 from dspark_core.models.layers import RowLayout
 
@@ -47,25 +48,29 @@ class LightningIndexer(nn.Module):
         return rope_on_prefix(k[:, None, :], cos, sin, self.rope_dim)[:, 0]
 
     def scores(self, h: torch.Tensor, q_latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               keys: torch.Tensor, layout: RowLayout) -> torch.Tensor:
-        """Index scores ``[B, R_max, L]`` of the padded query rows against ``keys [B, L, D]`` (unmasked)."""
+               keys: torch.Tensor, grouping: RowLayout | PerRow) -> torch.Tensor:
+        """Index scores ``[B, R, L]`` of the grouped query rows against ``keys [B, L, D]`` (unmasked).
+
+        Eagerly a group is one request (``RowLayout``: rows padded to ``R_max``);
+        in static mode each row is its own group (``PerRow``: ``R = 1``).
+        """
         acc = score_dtype(h.dtype)
         q = F.linear(q_latent, self.wq_b).view(-1, self.heads, self.head_dim)
         q = rope_on_prefix(q, cos, sin, self.rope_dim)
         head_weights = F.linear(h, self.weights_proj).to(acc) * self.heads**-0.5  # [G, H]
-        logits = torch.einsum("brhd,bld->brhl", layout.pad(q).to(acc), keys.to(acc)) * self.head_dim**-0.5
-        return torch.einsum("brhl,brh->brl", logits.relu(), layout.pad(head_weights))
+        logits = torch.einsum("brhd,bld->brhl", grouping.pad(q).to(acc), keys.to(acc)) * self.head_dim**-0.5
+        return torch.einsum("brhl,brh->brl", logits.relu(), grouping.pad(head_weights))
 
     def select(self, h: torch.Tensor, q_latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               keys: torch.Tensor, layout: RowLayout, visible: torch.Tensor) -> torch.Tensor:
+               keys: torch.Tensor, grouping: RowLayout | PerRow, visible: torch.Tensor) -> torch.Tensor:
         """Positions ``[G, k]`` each row attends to, ``k = min(index_topk, L)``, best first.
 
-        ``visible [B, R_max, L]`` marks positions at or before the row's own; they
+        ``visible [B, R, L]`` marks positions at or before the row's own; they
         always outrank hidden ones, so when fewer than ``k`` are visible the tail
         of a row's selection holds hidden positions (the attention masks them).
         """
-        scores = self.scores(h, q_latent, cos, sin, keys, layout).masked_fill(~visible, float("-inf"))
-        return layout.unpad(top_positions(scores, self.topk))
+        scores = self.scores(h, q_latent, cos, sin, keys, grouping).masked_fill(~visible, float("-inf"))
+        return grouping.unpad(top_positions(scores, self.topk))
 
 
 def top_positions(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ Every op is plain torch (no CUDA-only code), which is what the NPU's
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ from dspark_core.models.glm_dsa.attention import LatentAttention
 from dspark_core.models.glm_dsa.cache import GlmDsaCache
 from dspark_core.models.glm_dsa.config import GlmDsaConfig
 from dspark_core.models.glm_dsa.moe import DenseMlp, MoeBlock
+from dspark_core.models.glm_dsa.static import PerRow, static_shapes_active
 from dspark_core.models.glm_dsa.weights import Weights
 from dspark_core.models.layers import RowLayout, rms_norm, rope_cos_sin
 
@@ -46,8 +48,24 @@ class GlmDsaLayer(nn.Module):
             self.mlp = DenseMlp(weights, p + "mlp.", cfg.intermediate_size, d)
 
 
+class RowPlan(NamedTuple):
+    """Row bookkeeping of one forward: eager (padded per request) or static (each row alone)."""
+
+    grouping: object  # .pad([G, ...]) -> [groups, rows, ...] and .unpad back
+    slot_of_row: torch.Tensor  # [G]
+    key_slots: torch.Tensor  # slot whose indexer keys each group reads
+    visible: torch.Tensor  # bool [groups, rows, L]: key position <= the row's own
+    length: int  # cache positions scanned (L)
+
+
 class GlmDsaTarget(nn.Module):
-    """The target model. ``config`` is a :class:`GlmDsaConfig` (it has every field the engine reads)."""
+    """The target model. ``config`` is a :class:`GlmDsaConfig` (it has every field the engine reads).
+
+    ``static_shapes`` pins the forward to static-shape mode (see
+    :mod:`dspark_core.models.glm_dsa.static`); by default only graph capture uses it.
+    """
+
+    static_shapes = False
 
     def __init__(self, config: GlmDsaConfig, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", tokenizer=None) -> None:
@@ -88,38 +106,56 @@ class GlmDsaTarget(nn.Module):
         """Final norm + LM head, float32 logits."""
         return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
-    def attention(self, i: int, h: torch.Tensor, batch: ForwardBatch, layout: RowLayout, cache: GlmDsaCache,
-                  cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor, selected: torch.Tensor | None):
+    def plan(self, batch: ForwardBatch, cache: GlmDsaCache) -> RowPlan:
+        """How rows are grouped for the indexer and how many cache positions they scan."""
+        if self.static_shapes or static_shapes_active():
+            counts = batch.row_offsets[1:] - batch.row_offsets[:-1]
+            slot_of_row = torch.repeat_interleave(batch.slot_ids, counts, output_size=batch.tokens.shape[0])
+            length = cache.max_len  # positions are trusted to fit: checking would need a host read
+            key_pos = torch.arange(length, device=batch.positions.device)
+            visible = (key_pos[None, :] <= batch.positions[:, None])[:, None, :]  # [G, 1, L]
+            return RowPlan(PerRow(), slot_of_row, slot_of_row, visible, length)
+        layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
+        cache.check_fits(layout.kv_len - 1)
+        return RowPlan(layout, layout.slot_of_row, batch.slot_ids, layout.causal_mask()[:, 0], layout.kv_len)
+
+    def attention(self, i: int, h: torch.Tensor, batch: ForwardBatch, plan: RowPlan, cache: GlmDsaCache,
+                  cos: torch.Tensor, sin: torch.Tensor, selected: torch.Tensor | None):
         """Layer ``i``'s attention output and the selection it used (a shared layer reuses ``selected``)."""
         attn = self.layers[i].attn
         q_latent, q_nope, q_pe, latent, k_pe = attn.project(h, cos, sin)
         # Write first, then read: the rows see their own and earlier rows' entries.
-        cache.write(i, layout.slot_of_row, batch.positions, latent, k_pe)
+        cache.write(i, plan.slot_of_row, batch.positions, latent, k_pe)
         if attn.indexer is not None:
             row = self.index_rows[i]
-            cache.write_index(row, layout.slot_of_row, batch.positions, attn.indexer.keys(h, cos, sin))
-            keys = cache.read_index(row, batch.slot_ids, layout.kv_len)
-            selected = attn.indexer.select(h, q_latent, cos, sin, keys, layout, visible)
-        return attn.attend(q_nope, q_pe, cache, i, layout.slot_of_row, batch.positions, selected), selected
+            cache.write_index(row, plan.slot_of_row, batch.positions, attn.indexer.keys(h, cos, sin))
+            keys = cache.read_index(row, plan.key_slots, plan.length)
+            selected = attn.indexer.select(h, q_latent, cos, sin, keys, plan.grouping, plan.visible)
+        return attn.attend(q_nope, q_pe, cache, i, plan.slot_of_row, batch.positions, selected), selected
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         """Write every row's cache entries at (slot, position), then attend to its slot's selected positions."""
+        return ForwardOutput(*self.forward_tensors(batch, cache, hidden_layers))
+
+    def forward_tensors(self, batch: ForwardBatch, cache: GlmDsaCache,
+                        hidden_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` as a plain ``(logits, hidden)`` tuple (what a graph tracer can follow)."""
         c = self.config
         self.check_hidden_layers(hidden_layers)
-        layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
-        cache.check_fits(layout.kv_len - 1)
-        visible = layout.causal_mask()[:, 0]  # [B, R_max, L]
+        plan = self.plan(batch, cache)
+        dense_experts = self.static_shapes or static_shapes_active()
         cos, sin = rope_cos_sin(batch.positions, c.qk_rope_head_dim, c.rope_theta, self.dtype)
         x = self.embed[batch.tokens]
         saved = {0: x} if 0 in hidden_layers else {}
         selected = None
         for i, layer in enumerate(self.layers):
-            out, selected = self.attention(i, rms_norm(x, layer.input_norm, c.rms_eps), batch, layout, cache, cos, sin,
-                                           visible, selected)
+            out, selected = self.attention(i, rms_norm(x, layer.input_norm, c.rms_eps), batch, plan, cache, cos, sin,
+                                           selected)
             x = x + out
-            x = x + layer.mlp(rms_norm(x, layer.post_norm, c.rms_eps))
+            h = rms_norm(x, layer.post_norm, c.rms_eps)
+            x = x + (layer.mlp(h, dense=dense_experts) if isinstance(layer.mlp, MoeBlock) else layer.mlp(h))
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return ForwardOutput(self.logits_from_hidden(x), hidden)
+        return self.logits_from_hidden(x), hidden

@@ -82,12 +82,24 @@ class MoeBlock(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return experts, weights * c.routed_scaling_factor
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, dense: bool = False) -> torch.Tensor:
+        """Routed plus shared experts. ``dense`` runs every expert (static shapes, for graph capture)."""
         experts, weights = self.route(x)
+        out = self._all_experts(x, experts, weights) if dense else self._chosen_experts(x, experts, weights)
+        return out if self.shared is None else out + self.shared(x)
+
+    def _chosen_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
         # Only the experts some row chose run (ascending id: a row's sum order never depends on the batch).
         for e in torch.unique(experts).tolist():
             rows, which = (experts == e).nonzero(as_tuple=True)
             y = swiglu(x[rows], self.gate_up[e], self.down[e])
             out.index_add_(0, rows, y * weights[rows, which, None].to(x.dtype))
-        return out if self.shared is None else out + self.shared(x)
+        return out
+
+    def _all_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        mix = torch.zeros(x.shape[0], self.gate_up.shape[0], dtype=weights.dtype, device=x.device)
+        mix = mix.scatter(1, experts, weights).to(x.dtype)  # [G, E], zero where not chosen
+        gate, up = torch.einsum("gd,efd->egf", x, self.gate_up).chunk(2, dim=-1)
+        y = torch.einsum("egi,edi->egd", F.silu(gate) * up, self.down)
+        return torch.einsum("egd,ge->gd", y, mix)
