@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--gen_batch", type=int, default=16, help="Concurrent requests while generating. Default: 16.")
     a("--layers", type=int, default=1, help="Draft decoder layers. Default: 1.")
     a("--block_size", type=int, default=7, help="Block size (= proposals K, sample_from_anchor). Default: 7.")
-    a("--draft_vocab", type=int, default=16384, help="Draft vocabulary size (most frequent answer tokens). Default: 16384.")
+    a("--draft_vocab", type=int, default=24576, help="Draft vocabulary size (most frequent on-policy tokens). Default: 24576.")
     a("--markov_rank", type=int, default=64, help="Markov head rank (0 = none). Default: 64.")
     a("--markov_type", choices=("vanilla", "gated", "rnn"), default="vanilla", help="Markov head variant. Default: vanilla.")
     a("--aux_layers", type=_layers, default=None, help="Target hidden-state ids for KV injection, e.g. 2,15,28. Default: low/middle/high.")
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--anchors_per_seq", type=int, default=24, help="Random anchors (blocks) per sequence. Default: 24.")
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
     a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
+    a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
     a("--seed", type=int, default=0, help="Seed for prompt choice, init, order and anchors. Default: 0.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Seconds-long smoke run on a random tiny target (no downloads).")
@@ -46,7 +47,7 @@ def options_from_args(args: argparse.Namespace):
     from dspark_core.train.train import TrainSettings
 
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
-                             lr=args.lr, seed=args.seed, save_every=args.save_every, warmup=min(30, max(1, args.steps // 10)))
+                             lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes, warmup=min(30, max(1, args.steps // 10)))
     common = dict(output=Path(args.output), topk=args.topk, markov_type=args.markov_type,
                   features_dir=Path(args.features_dir) if args.features_dir else None, settings=settings)
     if args.tiny:

@@ -108,10 +108,80 @@ def cached_features(target, source: Path, sequences, aux_layers: tuple[int, ...]
 
 
 def token_counts(feats: FeatureSet, vocab_size: int) -> torch.Tensor:
-    """How often each token occurs as an answer token or as the teacher's top-1 (for the draft vocabulary)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
+    """Vocabulary score of each token: answer occurrences, plus the teacher's top-k probability mass
+    at answer positions (plausible alternatives), plus a tenth of the prompt occurrences."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
     for n in range(feats.num_sequences):
-        a, b = int(feats.offsets[n]) + int(feats.prompt_lens[n]), int(feats.offsets[n + 1])
-        counts += torch.bincount(feats.tokens[a:b], minlength=vocab_size)
-        counts += torch.bincount(feats.topk_ids[a - 1 : b, 0], minlength=vocab_size)
+        s, a, b = int(feats.offsets[n]), int(feats.offsets[n]) + int(feats.prompt_lens[n]), int(feats.offsets[n + 1])
+        counts += torch.bincount(feats.tokens[a:b], minlength=vocab_size).double()
+        counts += 0.1 * torch.bincount(feats.tokens[s:a], minlength=vocab_size).double()
+        counts.index_add_(0, feats.topk_ids[a - 1 : b - 1].reshape(-1), feats.topk_probs[a - 1 : b - 1].reshape(-1).double())
     return counts
+
+
+def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top.indices.cpu(), top.values.to(torch.float16).cpu()
+
+
+@torch.no_grad()
+def generate_with_features(target, prompts: list[list[int]], aux_layers: tuple[int, ...], *, max_tokens: int,
+                           k: int = 16, batch: int = 16) -> tuple[list[tuple[list[int], list[int]]], FeatureSet]:
+    """Greedy answers *and* their features in one pass: the generating forwards already compute them.
+
+    Prompts run ``batch`` at a time: one prefill forward, then one decode
+    forward per token over the still-running requests. The hidden states and
+    top-k of the fed rows are recorded, so no second target pass is needed.
+    Answers stop after EOS (kept) or ``max_tokens``. The last answer token is
+    never fed, so its row holds zeros: training never reads it (it would only
+    be context for, or teacher of, an anchor past the end).
+    """
+    eos = set(target.config.eos_token_ids)
+    aux = tuple(aux_layers)
+    pairs, sets = [], []
+    for start in range(0, len(prompts), batch):
+        group = prompts[start : start + batch]
+        n = len(group)
+        cache = target.new_cache(n, max(map(len, group)) + max_tokens + 1)
+        fb = make_forward_batch(group, [0] * n, list(range(n)), device=target.device)
+        out = target.forward(fb, cache, hidden_layers=aux)
+        ids, probs = _topk(out.logits, k)
+        hid = out.hidden.to(torch.float16).cpu()
+        ends = (fb.row_offsets[1:] - 1).cpu()
+        rows = [[(hid[a:b], ids[a:b], probs[a:b])] for a, b in zip(fb.row_offsets[:-1].tolist(), fb.row_offsets[1:].tolist())]
+        answers = [[int(ids[e, 0])] for e in ends]
+        for _ in range(max_tokens - 1):
+            live = [i for i in range(n) if answers[i][-1] not in eos and len(answers[i]) < max_tokens]
+            if not live:
+                break
+            fb = make_forward_batch([[answers[i][-1]] for i in live], [len(group[i]) + len(answers[i]) - 1 for i in live], live, device=target.device)
+            out = target.forward(fb, cache, hidden_layers=aux)
+            ids, probs = _topk(out.logits, k)
+            hid = out.hidden.to(torch.float16).cpu()
+            for r, i in enumerate(live):
+                rows[i].append((hid[r : r + 1], ids[r : r + 1], probs[r : r + 1]))
+                answers[i].append(int(ids[r, 0]))
+        for i in range(n):
+            parts = rows[i]
+            missing = len(group[i]) + len(answers[i]) - sum(p[0].shape[0] for p in parts)  # the last token was never fed
+            width = parts[0][0].shape[1]
+            parts.append((torch.zeros(missing, width, dtype=torch.float16), torch.zeros(missing, k, dtype=torch.long),
+                          torch.zeros(missing, k, dtype=torch.float16)))
+            sets.append([torch.cat([p[j] for p in parts]) for j in range(3)])
+            pairs.append((list(group[i]), answers[i]))
+    lens = torch.tensor([len(p) + len(a) for p, a in pairs], dtype=torch.long)
+    feats = FeatureSet(
+        tokens=torch.tensor([t for p, a in pairs for t in p + a], dtype=torch.long),
+        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+        prompt_lens=torch.tensor([len(p) for p, _ in pairs], dtype=torch.long),
+        hidden=torch.cat([s[0] for s in sets]), topk_ids=torch.cat([s[1] for s in sets]), topk_probs=torch.cat([s[2] for s in sets]),
+    )
+    return pairs, feats
+
+
+def concat_features(parts: list[FeatureSet]) -> FeatureSet:
+    """One set holding every sequence of ``parts`` in order."""
+    lens = torch.cat([p.offsets.diff() for p in parts])
+    return FeatureSet(torch.cat([p.tokens for p in parts]), torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),
+                      torch.cat([p.prompt_lens for p in parts]), torch.cat([p.hidden for p in parts]),
+                      torch.cat([p.topk_ids for p in parts]), torch.cat([p.topk_probs for p in parts]))

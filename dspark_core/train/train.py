@@ -35,6 +35,7 @@ class TrainSettings:
     grad_clip: float = 1.0
     seed: int = 0
     save_every: int = 100
+    max_minutes: float = 0.0  # > 0: stop early (checkpoint + export) once this much wall time has passed
 
 
 def make_draft_config(target_config, *, num_layers: int = 1, block_size: int = 7, aux_layer_ids=None,
@@ -57,7 +58,7 @@ def make_draft_config(target_config, *, num_layers: int = 1, block_size: int = 7
 
 def init_draft(config: DraftConfig, feats: FeatureSet | None, seed: int) -> DSparkDraft:
     """Fresh draft: small normal init, zero Markov output (starts as the plain backbone), and,
-    for a vocabulary subset, the most frequent answer / teacher tokens of ``feats``."""
+    for a vocabulary subset, the tokens that score highest in :func:`token_counts` of ``feats``."""
     torch.manual_seed(seed)
     draft = DSparkDraft(config)
     with torch.no_grad():
@@ -73,7 +74,7 @@ def init_draft(config: DraftConfig, feats: FeatureSet | None, seed: int) -> DSpa
             else:
                 p.normal_(0.0, 0.02)
         if draft.d2t is not None:
-            counts = token_counts(feats, config.target_vocab_size).float()
+            counts = token_counts(feats, config.target_vocab_size)
             counts[config.mask_token_id] -= 1e9  # never propose the mask token itself
             keep = counts.topk(config.draft_vocab_size).indices.sort().values
             draft.d2t.copy_(keep - torch.arange(keep.numel()))
@@ -133,6 +134,10 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
     started = time.perf_counter()
     try:
         while step < settings.steps:
+            if settings.max_minutes > 0 and time.perf_counter() - started > 60 * settings.max_minutes:
+                if log is not None:
+                    log(f"time budget of {settings.max_minutes} min reached at step {step}")
+                break
             if len(order) < settings.seqs_per_step:  # new pass over the data
                 order = order + [pool[i] for i in torch.randperm(len(pool), generator=gen).tolist()]
             seqs, order = order[: settings.seqs_per_step], order[settings.seqs_per_step :]
