@@ -93,3 +93,16 @@ def test_train_draft_command_tiny(tmp_path, capsys):
     assert train_draft.run(args) == 0
     assert (tmp_path / "draft" / "model.safetensors").is_file()
     assert "trained 8 steps" in capsys.readouterr().out
+
+
+def test_calibrate_confidence_on_heldout_features(trained, tmp_path):
+    from dspark_core.commands.calibrate_confidence import calibrate
+
+    out, _, target, _, held = trained
+    report = calibrate(out / "draft", target, out / "heldout-features.pt", output=tmp_path / "cal")
+    assert report["blocks"] > 0 and len(report["temperatures"]) == 4
+    assert load_draft(tmp_path / "cal").config.sts_temperatures == pytest.approx(tuple(report["temperatures"]), rel=1e-5)
+    assert load_draft(out / "draft").config.sts_temperatures is None  # the source stays as it was
+    # the same fit from the generations file (features recomputed by the target)
+    again = calibrate(out / "draft", target, held, output=tmp_path / "cal2")
+    assert again["temperatures"] == pytest.approx(report["temperatures"], rel=1e-3)

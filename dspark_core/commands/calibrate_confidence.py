@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--draft_model", required=True, help="Draft checkpoint directory (or 'default' for the target's shipped draft).")
     a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
-    a("--heldout", default=None, help="Held-out generations JSONL (prompt_ids/answer_ids), e.g. RUN/heldout.jsonl from train-draft. "
-                                      "Default: heldout.jsonl next to the draft directory.")
+    a("--heldout", default=None, help="Held-out data: generations JSONL (prompt_ids/answer_ids) or the features file, e.g. "
+                                      "RUN/heldout.jsonl or RUN/heldout-features.pt from train-draft. Default: heldout.jsonl next to the draft.")
     a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
@@ -29,10 +29,17 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.train import sts
     from dspark_core.train.data import read_generations
-    from dspark_core.train.evaluate import block_confidences
+    from dspark_core.train.evaluate import block_confidences, confidences_from_features
+    from dspark_core.train.features import FeatureSet
 
     draft = load_draft(draft_dir)
-    logits, hits = block_confidences(draft, target, read_generations(heldout))
+    if heldout.suffix == ".pt":  # features saved by train-draft: no target pass needed
+        import torch
+
+        feats = FeatureSet(**torch.load(heldout, weights_only=True))
+        logits, hits = confidences_from_features(draft.bind_target(target), feats)
+    else:
+        logits, hits = block_confidences(draft, target, read_generations(heldout))
     if len(logits) == 0:
         raise ModelError(f"{heldout}: no complete blocks to calibrate on")
     ones = [1.0] * logits.shape[1]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dspark_core.train.blocks import train_blocks
-from dspark_core.train.features import compute_features
+from dspark_core.train.features import FeatureSet, compute_features
 from dspark_core.train.losses import answer_span
 
 
@@ -66,10 +66,14 @@ def engine_acceptance(target, draft, prompt_ids: list[list[int]], *, width: int,
 def block_confidences(draft, target, pairs: list[tuple[list[int], list[int]]], *, anchors_per_call: int = 64,
                       progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Raw confidence logits ``[N, K]`` and greedy hits ``[N, K]`` of every block whose K targets exist."""
-    draft.bind_target(target)
-    c = draft.config
-    k_out = c.num_speculative_tokens
-    feats = compute_features(target, pairs, c.aux_layer_ids, k=1, progress=progress)
+    feats = compute_features(target, pairs, draft.config.aux_layer_ids, k=1, progress=progress)
+    return confidences_from_features(draft.bind_target(target), feats, anchors_per_call=anchors_per_call)
+
+
+@torch.no_grad()
+def confidences_from_features(draft, feats: FeatureSet, *, anchors_per_call: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`block_confidences` on already computed features (the draft must be bound)."""
+    k_out = draft.config.num_speculative_tokens
     to_target = draft.draft_to_target()
     logits_out, hits_out = [], []
     for n in range(feats.num_sequences):

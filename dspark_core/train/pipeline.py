@@ -114,6 +114,8 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
     train_idx, held_idx = split(pairs, opts.heldout)
     held_file = opts.output / "heldout.jsonl"
     data.write_generations(held_file, [pairs[i][0] for i in held_idx], [pairs[i][1] for i in held_idx])
+    if held_idx:
+        torch.save(feats.subset(held_idx).to_dict(), opts.output / "heldout-features.pt")
     train_feats = feats.subset(train_idx)
     log(f"features: {train_feats.num_sequences} training sequences, {int(train_feats.tokens.numel())} rows")
     draft = init_draft(cfg, train_feats, opts.settings.seed)
