@@ -121,6 +121,11 @@ def test_adaptive_two_ranks_match_single_rank_greedy_and_share_one_table(tmp_pat
     saved = json.loads(out.read_text())  # written once, by rank 0, with the launch's parallelism
     assert saved["fingerprint"]["parallelism"] == {"nnodes": 2, "tp": 2, "dp": 1, "cp": 1}
 
+    # a later compatible 2-rank launch reuses the file: rank 0's bytes are installed everywhere
+    again = run_ranks(flags(target, draft, f"--adaptive_dspark_cost_table={out}"))
+    assert again[0][0] == again[1][0] == sha0, again
+    assert again[0][1][0] == reference
+
 
 def test_fixed_width_two_ranks_match_single_rank_greedy(checkpoints, reference):
     target, draft, _ = checkpoints
