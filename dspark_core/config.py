@@ -57,6 +57,8 @@ class ServeConfig:
     # --- HTTP ---
     host: str = flag("127.0.0.1", "Address the HTTP server listens on.", group="http")
     port: int = flag(8000, "Port the HTTP server listens on.", group="http")
+    max_pending_requests: int = flag(256, "Requests admitted at once (running + waiting); more get 429.", group="http")
+    served_model_name: str | None = flag(None, "Model name in the API (`model` field); defaults to the --model value's name.", group="http")
     # --- speculative decoding ---
     speculative_algorithm: str = flag("DSpark", "Speculative algorithm; `none` serves the target alone.", choices=["DSpark", "none"], group="speculative")
     num_speculative_tokens: int = flag(7, "Draft width K: tokens drafted per request per step. Adaptive DSpark supports 5 or 7.", group="speculative")
@@ -71,6 +73,7 @@ class ServeConfig:
     enable_schedule_overlap: bool = flag(True, "Prepare step t+1 on the host while step t runs.", group="graphs")
     enable_task_pipeline: bool = flag(True, "Return results and confidences asynchronously (two steps in flight).", group="graphs")
     enable_unified_mtp_graph: bool = flag(False, "Fuse draft and target into one graph. Must stay false on the adaptive path.", group="graphs")
+    captured_target_rows: str = flag("all", "Target-row tiers to capture per request bucket: every legal tier, or only multiples of the bucket (one tier per average verify length; far fewer graphs to warm on a CPU).", choices=["all", "bucket_multiples"], group="graphs")
     max_seqs_per_batch: int = flag(16, "Most requests decoded together; the largest request bucket.", group="graphs")
     acl_graph_decode_batch_size_limit: int = flag(16, "Largest captured decode request bucket.", group="graphs")
     # --- calibration and cost tables ---

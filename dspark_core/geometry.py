@@ -75,6 +75,12 @@ class Geometry:
         buckets = tuple(request_buckets)
         return cls(draft_width, buckets, {b: legal_tiers(b, draft_width) for b in buckets})
 
+    @classmethod
+    def bucket_multiples(cls, draft_width: int, request_buckets: Iterable[int]) -> Geometry:
+        """Geometry capturing rows Bcap, 2·Bcap, ..., (K+1)·Bcap: one tier per average verify length."""
+        buckets = tuple(request_buckets)
+        return cls(draft_width, buckets, {b: tuple(b * j for j in range(1, draft_width + 2)) for b in buckets})
+
     def rows_for(self, request_bucket: int) -> tuple[int, ...]:
         """Captured target-row tiers of ``request_bucket`` (ascending)."""
         return dict(self.tiers)[request_bucket]

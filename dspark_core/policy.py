@@ -45,6 +45,10 @@ class TierChoice:
     fallback: bool = False
     predicted_tokens: float = float("nan")  # expected committed tokens this step
     predicted_seconds: float = float("nan")
+    # draft rows the policy wants spent (None: every row of the tier, padding included)
+    draft_rows: int | None = None
+    # per-request verify lengths fixed on the host (a stale split); None: split on the device
+    lengths: tuple[int, ...] | None = None
 
 
 class BudgetPolicy(Protocol):
@@ -76,5 +80,9 @@ def full_width_choice(ctx: TierContext, *, fallback: bool) -> TierChoice:
 
 def allocate_split(kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
                    request_bucket: int) -> torch.Tensor:
-    """Default split: the allocate kernel over the tier's draft rows (padding spent on real tokens)."""
-    return kernels.allocate(confidences, caps, choice.rows - request_bucket)  # type: ignore[attr-defined]
+    """Default split: host-fixed lengths when the choice has them, else the allocate kernel over
+    the wanted draft rows (by default all of the tier's, so padding is spent on real tokens)."""
+    if choice.lengths is not None:
+        return torch.minimum(torch.tensor(choice.lengths, dtype=torch.int64, device=caps.device), caps)
+    rows = choice.rows - request_bucket if choice.draft_rows is None else choice.draft_rows
+    return kernels.allocate(confidences, caps, rows)  # type: ignore[attr-defined]

@@ -50,10 +50,15 @@ class Launch:
 
 
 def pick_device(hooks: Hooks, name: str) -> DeviceSpec:
-    """``auto``: CUDA when usable, else CPU (the NPU is only used when asked for)."""
+    """``auto``: CUDA when usable, then an NPU when torch_npu is installed and sees one, else CPU."""
     if name != "auto":
         return hooks.device(name)
-    return hooks.device("cuda") if torch.cuda.is_available() else hooks.device("cpu")
+    for candidate in ("cuda", "npu"):
+        try:
+            return hooks.device(candidate)
+        except ConfigError:  # not usable here: try the next
+            continue
+    return hooks.device("cpu")
 
 
 def pick_policy(config: ServeConfig) -> tuple[str, dict[str, Any]]:
@@ -78,8 +83,12 @@ def resolve_launch(config: ServeConfig) -> Launch:
     buckets = default_request_buckets(config.max_seqs_per_batch, config.acl_graph_decode_batch_size_limit)
     width = config.num_speculative_tokens if config.speculative else 0
     policy, options = pick_policy(config)
-    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), Geometry.all_tiers(width, buckets),
-                    policy, options)
+    capture = Geometry.bucket_multiples if config.captured_target_rows == "bucket_multiples" else Geometry.all_tiers
+    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), capture(width, buckets), policy, options)
+    if device.name == "npu":
+        from dspark_plugins.devices.npu import log_npu_environment
+
+        log_npu_environment(config.npu_kernel_backend)
     if config.enable_graph:
         backend = device.default_graph_backend if config.python_graph_backend == "auto" else config.python_graph_backend
         hooks.graph_backend(backend, device)  # fails now, not after loading, when it cannot run here

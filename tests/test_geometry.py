@@ -30,3 +30,9 @@ def test_full_width_must_be_captured():
 def test_rows_outside_the_legal_range_are_refused():
     with pytest.raises(ConfigError, match=r"target rows \[40\] outside legal range 4..32"):
         Geometry(7, (4,), {4: (4, 32, 40)})
+
+
+def test_bucket_multiples_capture_one_tier_per_average_verify_length():
+    g = Geometry.bucket_multiples(5, (1, 4))
+    assert g.rows_for(4) == (4, 8, 12, 16, 20, 24)
+    assert g.rows_for(1) == legal_tiers(1, 5)

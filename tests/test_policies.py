@@ -117,5 +117,5 @@ def test_bad_policy_options(name, options, match):
 
 
 def test_unknown_policy_lists_available():
-    with pytest.raises(PluginError, match=r"no budget policy named 'greedy-ish' \(available: adaptive, fixed, none"):
+    with pytest.raises(PluginError, match=r"no budget policy named 'greedy-ish' \(available: adaptive, argmax-notier, fixed, min-gain, none, stale-argmax, threshold\)"):
         default_hooks().budget_policy("greedy-ish")

@@ -1,13 +1,17 @@
-"""``dspark-core serve``: validate the launch, then serve (engine lands in a later issue)."""
+"""``dspark-core serve``: check everything, load, start HTTP, then warm up and calibrate before ready.
+
+The HTTP server comes up as soon as the models are loaded, so ``/health``
+answers while warmup and calibration run; ``/ready`` (and generation) stay
+503 until the cost table is installed on the engine.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from dspark_core.audit import configure_logging, get_logger
 from dspark_core.config import add_serve_arguments, config_from_args
-from dspark_core.errors import DSparkError
-from dspark_core.plugins import load_hooks
-from dspark_core.validate import check_config
 
 NAME = "serve"
 HELP = "Serve a target model with a DSpark draft over an OpenAI-compatible HTTP API."
@@ -18,10 +22,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dspark_core.calibration.install import bring_up
+    from dspark_core.server.app import build_app
+    from dspark_core.server.http import serve_http
+    from dspark_core.server.service import AsyncEngineService
+    from dspark_core.startup import build_engine, resolve_launch
+
+    configure_logging()
+    log = get_logger("serve")
     config = config_from_args(args)
-    check_config(config)
-    load_hooks(config.plugin)
-    raise DSparkError(
-        "the serving engine is not built yet: the configuration is valid, "
-        "but `serve` arrives with the engine and server issues"
-    )
+    launch = resolve_launch(config)  # every rule and input file checked before any work
+    if config.nnodes > 1:
+        from dspark_core.distributed.launch import serve_distributed
+
+        return serve_distributed(launch)
+    engine = build_engine(launch)
+    name = config.served_model_name or Path(str(config.model)).name
+    service = AsyncEngineService(engine, max_pending=config.max_pending_requests)
+    app = build_app(service, model_name=name)
+    startup = service.prepare(lambda e: bring_up(e, launch))
+    startup.add_done_callback(lambda f: log.info("serving", model=name, host=config.host, port=config.port)
+                              if f.exception() is None else None)
+    serve_http(app, config.host, config.port)
+    return 0

@@ -1,0 +1,75 @@
+"""``dspark-core serve`` end to end: a real process, real socket, ready only after calibration."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from checkpoint_support import write_tiny_pair
+
+CAL = {"request_buckets": [1, 2], "contexts": [{"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 100}],
+       "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(tmp_path):
+    target, draft = write_tiny_pair(tmp_path)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    out = tmp_path / "costs.json"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dspark_core.cli", "serve", f"--model={target}", f"--draft_model={draft}",
+         "--num_speculative_tokens=5", "--max_seqs_per_batch=2", "--max_model_len=128", f"--port={port}",
+         f"--adaptive_dspark_calibration={cal}", f"--adaptive_dspark_cost_table_output={out}",
+         "--served_model_name=tiny"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    ready = []
+    while time.time() < deadline:
+        try:
+            ready.append(httpx.get(url + "/ready", timeout=2).status_code)
+            if ready[-1] == 200:
+                break
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                pytest.fail(f"serve exited early: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.2)
+    yield url, out, ready, proc
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_serve_calibrates_saves_and_answers(served):
+    url, out, ready, proc = served
+    assert ready and ready[-1] == 200
+    assert out.is_file() and json.loads(out.read_text())["draft_width"] == 5
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 6, "temperature": 0}
+    response = httpx.post(url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] >= 1
+    bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=30)
+    assert bad.status_code == 400 and "temperature" in bad.text
+
+
+def test_serve_refuses_a_bad_launch_before_any_work(tmp_path):
+    existing = tmp_path / "exists.json"
+    existing.write_text("{}")
+    result = subprocess.run(
+        [sys.executable, "-m", "dspark_core.cli", "serve", "--model=/nonexistent", "--draft_model=/nonexistent",
+         f"--adaptive_dspark_cost_table_output={existing}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "already exists" in result.stderr
