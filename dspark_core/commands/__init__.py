@@ -10,4 +10,5 @@ COMMANDS: tuple[str, ...] = (
     "table",
     "generate", "fetch_model",
     "train_draft", "calibrate_confidence", "eval_draft",
+    "bench",
 )

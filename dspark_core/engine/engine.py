@@ -191,7 +191,8 @@ class Engine:
             if self._observers:
                 report = StepReport(len(job.requests), job.context.request_bucket, result.choice.rows,
                                     tuple(result.lengths), tuple(result.accepted), result.choice.fallback,
-                                    result.choice.predicted_tokens, sum(a + 1 for a in result.accepted))
+                                    result.choice.predicted_tokens, sum(a + 1 for a in result.accepted),
+                                    job.context.tiers, job.context.tier_costs)
                 for observer in self._observers:
                     observer(report)
             for i, request in enumerate(job.requests):

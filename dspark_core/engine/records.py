@@ -33,6 +33,8 @@ class StepReport:
     fallback: bool
     predicted_tokens: float  # the policy's forecast (NaN when it made none)
     committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
+    tiers: tuple[int, ...] = ()  # captured tiers of the bucket
+    tier_costs: Any = None  # their calibrated seconds (None: no profile) — for model-based accounting
 
 
 @define

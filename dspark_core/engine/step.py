@@ -110,7 +110,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     grid = gather_target_tokens(greedy, packed.row_offsets, runner.draft_width)
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
     real_rows = int(packed.row_offsets[-1])
-    if hidden is not None:
+    if hidden is not None and step.policy.uses_draft:  # type: ignore[attr-defined]
         # the draft's context learns the target's view of every real row; rejected rows
         # sit past the new anchor and are overwritten before they are ever attended
         runner.extend_draft_context(hidden[:real_rows], packed.positions[:real_rows], packed.row_slots[:real_rows])

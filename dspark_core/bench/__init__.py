@@ -1,0 +1,1 @@
+"""``dspark-core bench``: budget policies side by side on real prompts."""

@@ -1,0 +1,125 @@
+"""``dspark-core bench``: budget policies side by side on real prompts, with an oracle bound."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+NAME = "bench"
+HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
+
+DEFAULT_POLICIES = "adaptive,none,fixed,threshold,argmax-notier,stale-argmax,min-gain"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help="Benchmark a running server instead of an in-process engine.")
+    parser.add_argument("--model", default="smollm2", help="Target (in-process mode).")
+    parser.add_argument("--draft_model", default="default", help="DSpark draft (in-process mode).")
+    parser.add_argument("--num_speculative_tokens", type=int, default=7, help="Draft width K.")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="Comma-separated budget policies; `fixed` expands to fixed k=1..K.")
+    parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16], help="Concurrency sweep.")
+    parser.add_argument("--prompts_per_concurrency", type=_ints, default=[4, 8, 16],
+                        help="Prompts run at each concurrency (same order as --concurrency).")
+    parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
+    parser.add_argument("--rounds", type=int, default=2, help="Interleaving rounds per concurrency.")
+    parser.add_argument("--calibration", default="configs/demo-calibration.json",
+                        help="Calibration file for the startup calibration (in-process mode).")
+    parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
+    parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
+    parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md and PNGs.")
+    parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
+
+
+def _engine(args: argparse.Namespace):
+    from dspark_core.calibration.install import bring_up
+    from dspark_core.config import parse_serve_args
+    from dspark_core.startup import build_engine, resolve_launch
+
+    flags = [f"--model={args.model}", f"--draft_model={args.draft_model}",
+             f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
+             f"--captured_target_rows={args.captured_target_rows}"]
+    flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
+                 else f"--adaptive_dspark_calibration={args.calibration}")
+    launch = resolve_launch(parse_serve_args(flags))
+    engine = build_engine(launch)
+    bring_up(engine, launch, progress=not args.json)
+    return engine
+
+
+def _policies(engine, names: list[str], width: int) -> dict[str, object]:
+    policies: dict[str, object] = {}
+    for name in names:
+        if name == "fixed":
+            for k in range(1, width + 1):
+                policies[f"fixed-k{k}"] = engine.hooks.budget_policy("fixed", {"k": k})
+        else:
+            policies[name] = engine.hooks.budget_policy(name, {})
+    return policies
+
+
+def _prompts(path: str | None) -> list:
+    from dspark_core.train.data import mtbench_first_turns
+
+    if path:
+        from dspark_core.commands.generate import read_prompts
+
+        return read_prompts(path)
+    return [[{"role": "user", "content": q}] for q in mtbench_first_turns()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dspark_core.bench.plots import plot
+    from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
+    from dspark_core.bench.run import run_benchmark
+
+    if len(args.prompts_per_concurrency) != len(args.concurrency):
+        raise SystemExit("--prompts_per_concurrency needs one value per --concurrency value")
+    prompts = _prompts(args.prompts)
+    started = time.perf_counter()
+    width = args.num_speculative_tokens
+    if args.url:
+        from dspark_core.bench.client import run_against_server
+
+        cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
+    else:
+        engine = _engine(args)
+        policies = _policies(engine, [n.strip() for n in args.policies.split(",") if n.strip()], width)
+        total = sum(len(policies) * max(1, min(args.rounds, n)) for n in args.prompts_per_concurrency)
+        bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
+        cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
+                              args.max_tokens, args.rounds, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
+        bar.close()
+        engine.close()
+    rows = [summarize(c, f"fixed-k{width}") for c in cells]
+    add_ratios(rows, width)
+    result = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+              "seconds": round(time.perf_counter() - started, 1), "exactness": exactness(cells), "results": rows}
+    out = Path(args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    table = markdown(rows)
+    (out / "results.md").write_text(f"# dspark-core bench (K={width})\n\n{table}\nExactness: {result['exactness']}\n")
+    plot(rows, out / "throughput_tpot.png", f"dspark-core bench, K={width}")
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(table)
+        print(f"exactness: {'all policies identical' if result['exactness']['identical'] else result['exactness']}")
+        print(f"written to {out}/")
+    return 0 if result["exactness"]["identical"] else 1
