@@ -12,7 +12,7 @@ from dspark_core.calibration.settings import CalibrationSettings, ContextInterva
 from dspark_core.config import parse_serve_args
 from dspark_core.costs.fingerprint import launch_fingerprint
 from dspark_core.distributed.control import WindowRecorder, decode_prefill, encode_prefill
-from dspark_core.distributed.group import DistributedError, Timeouts, parse_master_addr
+from dspark_core.distributed.group import DistributedError, RankLostError, Timeouts, collective, parse_master_addr
 from dspark_core.distributed.tp import TensorParallelLlama, shard_llama, split_range
 from dspark_core.errors import ConfigError, TableError
 from dspark_core.geometry import Geometry
@@ -140,3 +140,15 @@ def test_a_table_saved_on_one_rank_is_refused_on_two(tmp_path):
     other_rank = launch_fingerprint(parse_serve_args([*common, "--nnodes=2", "--node_rank=0"]), geometry, draft_path=None)
     assert other_rank == two
 
+
+
+def test_only_communication_errors_mean_a_lost_rank():
+    with pytest.raises(RankLostError, match="rank 1: decode step failed, a peer rank is gone or stuck"):
+        with collective("decode step", 1):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    with pytest.raises(ValueError):  # a bug in the step itself is not blamed on a peer
+        with collective("decode step", 1):
+            raise ValueError("shape mismatch")
+    with pytest.raises(RuntimeError, match="expected a tensor"):
+        with collective("decode step", 1):
+            raise RuntimeError("expected a tensor of rank 2")

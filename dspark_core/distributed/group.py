@@ -10,7 +10,8 @@ Two groups come out of a join:
 
 * the *model* group (short timeout) carries the collectives inside a step:
   the tensor-parallel all-reduces and rank 0's budget decision;
-* the *control* group (long timeout) carries what happens between steps:
+* the *control* group (gloo whatever the device, long timeout) carries what
+  happens between steps, as small host tensors:
   rank 0's step descriptions, calibration markers, the table bytes. A worker
   waits on it while the server is idle, so its timeout is the idle limit
   (rank 0 sends a heartbeat well within it once serving).
@@ -160,21 +161,34 @@ def join(nnodes: int, node_rank: int, master_node_addr: str, backend: str, timeo
     try:
         dist.init_process_group(backend, store=dist.PrefixStore("dspark/pg", store), rank=node_rank, world_size=nnodes,
                                 timeout=datetime.timedelta(seconds=timeouts.step))
-        control = dist.new_group(backend=backend, timeout=datetime.timedelta(seconds=timeouts.idle))
+        control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeouts.idle))
     except Exception as exc:
         raise DistributedError(f"rank {node_rank}: creating the {backend} process group failed: {exc}") from None
     log.info("joined process group", rank=node_rank, nnodes=nnodes, backend=backend, master=master_node_addr)
     return RankGroup(node_rank, nnodes, backend, timeouts, store, dist.group.WORLD, control)
 
 
+_COMM_MARKERS = ("gloo", "nccl", "hccl", "connection", "timed out", "timeout", "peer", "socket", "closed")
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    """True for errors of the communication layer (not for bugs in the step's own code)."""
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _COMM_MARKERS)
+
+
 @contextmanager
 def collective(what: str, rank: int) -> Iterator[None]:
-    """Turn a failed or timed-out collective into :class:`RankLostError` naming what was running."""
+    """Turn a failed or timed-out collective into :class:`RankLostError` naming what was running;
+    any other error passes through unchanged."""
     try:
         yield
     except RankLostError:
         raise
-    except (RuntimeError, dist.DistBackendError) as exc:
+    except Exception as exc:
+        if not is_comm_failure(exc):
+            raise
         message = f"rank {rank}: {what} failed, a peer rank is gone or stuck ({exc}); stopping the service"
         log.error("rank lost", rank=rank, during=what, error=str(exc))
         raise RankLostError(message) from exc
