@@ -1,0 +1,38 @@
+"""Shared setup for the benchmark scripts: SmolLM2 + the shipped draft, MT-Bench prompts."""
+
+from __future__ import annotations
+
+import torch
+
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.geometry import Geometry
+
+
+def load_models(draft_path: str = "default"):
+    """The real default target and a draft (the shipped one unless a directory is given)."""
+    from dspark_core.models.drafts import resolve_draft_path
+    from dspark_core.models.loading import load_target
+    from dspark_core.models.speculators_io import load_draft
+
+    target = load_target("smollm2")
+    return target, load_draft(resolve_draft_path(draft_path, "smollm2"))
+
+
+def mtbench_chats(count: int) -> list:
+    from dspark_core.train.data import mtbench_first_turns
+
+    return [[{"role": "user", "content": q}] for q in mtbench_first_turns()[:count]]
+
+
+def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", overlap: bool = True,
+                buckets=(1, 2, 4, 8, 16), table=None) -> Engine:
+    engine = Engine(target, draft, EngineConfig(draft_width=width, policy=policy, request_buckets=buckets,
+                                                max_model_len=1024, schedule_overlap=overlap),
+                    geometry=Geometry.bucket_multiples(width, buckets))
+    if table is not None:
+        engine.install_table(table)
+    return engine
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(n)
