@@ -26,6 +26,7 @@ serve: $(VENV)/.installed
 	$(CLI) fetch-model smollm2
 	$(CLI) serve --model=smollm2 --draft_model=default --host=$(HOST) --port=$(PORT) \
 	  --num_speculative_tokens=7 --enable_adaptive_speculative_decode=true \
+	  --captured_target_rows=bucket_multiples --max_model_len=2048 \
 	  --adaptive_dspark_calibration=configs/demo-calibration.json
 
 docs: $(VENV)/.installed
