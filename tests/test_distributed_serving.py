@@ -20,7 +20,7 @@ import torch
 from checkpoint_support import write_tiny_pair
 from dspark_core.config import parse_serve_args
 from dspark_core.distributed.group import DistributedError, Timeouts
-from dspark_core.distributed.launch import start_rank
+from dspark_core.distributed.launch import serve_distributed, start_rank
 from dspark_core.models.loading import load_target
 from dspark_core.models.reference import greedy_generate
 
@@ -43,6 +43,11 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
     from dspark_core.engine.request import SamplingParams
 
     try:
+        if mode == "http":
+            results.put((rank, "exit code", serve_distributed(parse_serve_args([*argv, f"--node_rank={rank}"]),
+                                                             lambda handle: serve_over_http(handle, results),
+                                                             timeouts=TIMEOUTS)))
+            return
         handle = start_rank(parse_serve_args([*argv, f"--node_rank={rank}"]), timeouts=TIMEOUTS)
         handle.bring_up()
         if rank == 1:
@@ -50,6 +55,8 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
                 os._exit(3)  # vanish without a word, as a crashed host would
             results.put((rank, handle.table_sha256, handle.run_worker()))
             return
+        if mode == "lose-rank0":
+            os._exit(3)
         if mode == "lose-worker":
             started = time.monotonic()
             try:
@@ -67,6 +74,26 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
         results.put((rank, "error", f"{type(exc).__name__}: {exc}"))
 
 
+def serve_over_http(handle, results) -> int:
+    """What ``dspark-core serve`` does on rank 0: HTTP service, bring-up as its startup work."""
+    import httpx
+
+    from dspark_core.server import AsyncEngineService, BackgroundServer, build_app
+
+    service = AsyncEngineService(handle.engine)
+    with BackgroundServer(build_app(service, model_name="tiny")) as server:
+        assert httpx.get(server.url + "/ready").status_code == 503
+        service.prepare(lambda engine: handle.bring_up()).result(timeout=120)
+        tokens = []
+        for prompt in PROMPTS:
+            reply = httpx.post(server.url + "/v1/completions", timeout=60,
+                               json={"prompt": prompt, "temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                                     "return_token_ids": True})
+            tokens.append(reply.json()["dspark"]["token_ids"] if reply.status_code == 200 else reply.text)
+    results.put((0, "http tokens", tokens))
+    return 0
+
+
 def run_ranks(argv: list[str], ranks=(0, 1), mode: str = "serve", timeout: float = 120.0) -> dict[int, tuple]:
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -75,10 +102,10 @@ def run_ranks(argv: list[str], ranks=(0, 1), mode: str = "serve", timeout: float
         p.start()
     try:
         got = {}
-        expected = len(ranks) - (1 if mode == "lose-worker" else 0)
+        expected = len(ranks) + (1 if mode == "http" else 0) - (1 if mode.startswith("lose-") else 0)
         for _ in range(expected):
             rank, *rest = results.get(timeout=timeout)
-            got[rank] = tuple(rest)
+            got[(rank, rest[0]) if mode == "http" else rank] = tuple(rest)
         return got
     finally:
         for p in procs:
@@ -136,6 +163,13 @@ def test_fixed_width_two_ranks_match_single_rank_greedy(checkpoints, reference):
     assert got[1][1] == 0
 
 
+def test_rank_0_serves_http_and_both_ranks_exit_cleanly(checkpoints, reference):
+    target, draft, _ = checkpoints
+    got = run_ranks(flags(target, draft, "--enable_adaptive_speculative_decode=false"), mode="http")
+    assert got[(0, "http tokens")][1] == reference, got
+    assert got[(0, "exit code")][1] == 0 and got[(1, "exit code")][1] == 0, got
+
+
 def test_missing_rank_fails_within_the_init_timeout(checkpoints, monkeypatch):
     target, draft, _ = checkpoints
     config = parse_serve_args([*flags(target, draft, "--enable_adaptive_speculative_decode=false"), "--node_rank=0"])
@@ -169,3 +203,9 @@ def test_a_lost_worker_stops_rank_0_with_a_message(checkpoints):
     assert kind == "RankLostError", got
     assert "a peer rank is gone or stuck" in message and lost
     assert seconds < 30
+
+
+def test_a_worker_whose_rank_0_is_lost_exits_non_zero(checkpoints):
+    target, draft, _ = checkpoints
+    got = run_ranks(flags(target, draft, "--enable_adaptive_speculative_decode=false"), mode="lose-rank0")
+    assert got[1][1] == 1, got  # run_worker's exit status

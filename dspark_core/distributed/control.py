@@ -266,6 +266,8 @@ def follow(engine, channel: Channel, stop_kinds: frozenset[int], recorder: Windo
         kind, payload = channel.receive()
         if kind in stop_kinds:
             return kind, payload
+        if kind == STOP:
+            raise RankLostError(f"rank {group.rank}: rank 0 stopped the service while this rank was still starting")
         with collective(f"{KIND_NAMES.get(kind, kind)} step", group.rank):
             if kind == PREFILL:
                 replay_prefill(engine, payload)
