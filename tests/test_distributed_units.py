@@ -152,3 +152,13 @@ def test_only_communication_errors_mean_a_lost_rank():
     with pytest.raises(RuntimeError, match="expected a tensor"):
         with collective("decode step", 1):
             raise RuntimeError("expected a tensor of rank 2")
+
+
+def test_only_tensor_parallel_layouts_start(tmp_path):
+    from dspark_core.distributed.launch import start_rank
+
+    config = parse_serve_args([f"--model={tmp_path}", "--nnodes=2", "--dp_size=2", "--enable_adaptive_speculative_decode=false"])
+    with pytest.raises(DistributedError, match="tensor parallelism only"):
+        start_rank(config)
+    with pytest.raises(DistributedError, match="nnodes >= 2"):
+        start_rank(parse_serve_args([f"--model={tmp_path}"]))

@@ -134,6 +134,9 @@ def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: 
     """
     if config.nnodes < 2:
         raise DistributedError("start_rank is for nnodes >= 2; a single rank builds its engine directly")
+    if config.dp_size != 1 or config.cp_size != 1:
+        raise DistributedError(f"dp_size={config.dp_size}, cp_size={config.cp_size}: multi-rank serving splits the target "
+                               "by tensor parallelism only; use --dp_size=1 --cp_size=1")
     if config.node_rank != 0:
         config = attrs.evolve(config, adaptive_dspark_cost_table_output=None)
     launch = resolve_launch(config)
