@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
     a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
+    a("--head_dtype", choices=("float32", "bfloat16"), default="bfloat16", help="Dtype of the frozen LM-head product while training. Default: bfloat16.")
     a("--seed", type=int, default=0, help="Seed for prompt choice, init, order and anchors. Default: 0.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Seconds-long smoke run on a random tiny target (no downloads).")
@@ -47,7 +48,7 @@ def options_from_args(args: argparse.Namespace):
     from dspark_core.train.train import TrainSettings
 
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
-                             lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes, warmup=min(30, max(1, args.steps // 10)))
+                             lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes, head_dtype=args.head_dtype, warmup=min(30, max(1, args.steps // 10)))
     common = dict(output=Path(args.output), topk=args.topk, markov_type=args.markov_type,
                   features_dir=Path(args.features_dir) if args.features_dir else None, settings=settings)
     if args.tiny:

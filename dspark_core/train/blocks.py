@@ -26,12 +26,16 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, draft: DSparkDraft) -> torch
     return apply_rope(x.reshape(b * r, *x.shape[2:]), cos, sin).view_as(x)
 
 
-def train_blocks(draft: DSparkDraft, hidden: torch.Tensor, anchors: torch.Tensor, prev_tokens: torch.Tensor) -> BlockOutput:
+def train_blocks(draft: DSparkDraft, hidden: torch.Tensor, anchors: torch.Tensor, prev_tokens: torch.Tensor,
+                 head: torch.Tensor | None = None) -> BlockOutput:
     """Block outputs for ``A`` anchors in each of ``B`` sequences.
 
     ``hidden [B, L, n_aux*d]`` are the target features of each (padded)
     sequence; ``anchors [B, A]`` the anchor positions; ``prev_tokens [B, A, K]``
-    the true tokens at ``p .. p+K-1`` (column 0 is the anchor token). Returns
+    the true tokens at ``p .. p+K-1`` (column 0 is the anchor token). ``head``
+    optionally replaces the (frozen) LM head, e.g. a bfloat16 copy: the head
+    product dominates training cost and bf16 halves it on CPUs with AVX512-BF16;
+    the logits are returned in float32 either way. Returns
     logits ``[B, A, K, V_draft]``, confidence logits ``[B, A, K]`` and hidden.
     """
     c = draft.config
@@ -65,7 +69,8 @@ def train_blocks(draft: DSparkDraft, hidden: torch.Tensor, anchors: torch.Tensor
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     first = c.first_proposal_slot
     hid = draft.norm(x).view(b, a, s, -1)[:, :, first : first + k_out]
-    logits = F.linear(hid, draft._head_weight()).float()
+    w = draft._head_weight() if head is None else head
+    logits = F.linear(hid.to(w.dtype), w).float()
     prev_emb = None
     if draft.markov_head is not None:
         prev_emb = draft.markov_head.markov_w1(prev_tokens)

@@ -33,6 +33,7 @@ class TrainSettings:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    head_dtype: str = "float32"  # "bfloat16": LM-head product in bf16 (about 2x faster on AVX512-BF16 CPUs)
     seed: int = 0
     save_every: int = 100
     max_minutes: float = 0.0  # > 0: stop early (checkpoint + export) once this much wall time has passed
@@ -122,6 +123,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
     to_draft = target_to_draft_ids(draft)
     to_target = draft.draft_to_target()
     k_out = draft.config.num_speculative_tokens
+    head = draft._head_weight().to(getattr(torch, settings.head_dtype))
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
@@ -144,7 +146,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
             batch = make_batch(feats, seqs, sample_anchors(feats, seqs, settings.anchors_per_seq, gen), k_out, to_draft)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, settings)
-            out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens)
+            out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens, head=head)
             loss, terms = dspark_loss(out.logits, out.confidence_logits, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
