@@ -73,3 +73,36 @@ def test_serve_refuses_a_bad_launch_before_any_work(tmp_path):
         [sys.executable, "-m", "dspark_core.cli", "serve", "--model=/nonexistent", "--draft_model=/nonexistent",
          f"--adaptive_dspark_cost_table_output={existing}"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "already exists" in result.stderr
+
+
+def test_two_rank_serve_command(tmp_path):
+    """Both ranks run `dspark-core serve` with the same flags plus their own node_rank."""
+    target, draft = write_tiny_pair(tmp_path)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    port, master = free_port(), free_port()
+    common = [sys.executable, "-m", "dspark_core.cli", "serve", f"--model={target}", f"--draft_model={draft}",
+              "--num_speculative_tokens=5", "--max_seqs_per_batch=2", "--max_model_len=128", "--nnodes=2",
+              f"--master_node_addr=127.0.0.1:{master}", f"--adaptive_dspark_calibration={cal}",
+              "--served_model_name=tiny"]
+    ranks = [subprocess.Popen(common + [f"--node_rank={r}", f"--port={port + r if r else port}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline, status = time.time() + 120, None
+        while time.time() < deadline and status != 200:
+            try:
+                status = httpx.get(url + "/ready", timeout=2).status_code
+            except httpx.TransportError:
+                if any(p.poll() is not None for p in ranks):
+                    pytest.fail("a rank exited early: " + " | ".join(p.stderr.read()[-1500:] for p in ranks))
+                time.sleep(0.3)
+        assert status == 200
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+        response = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["dspark"]["token_ids"]) >= 1
+    finally:
+        ranks[0].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in ranks]
+    assert codes == [0, 0], [p.stderr.read()[-1500:] for p in ranks]

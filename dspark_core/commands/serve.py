@@ -1,5 +1,7 @@
 """``dspark-core serve``: check everything, load, start HTTP, then warm up and calibrate before ready.
 
+With ``--nnodes`` > 1 every rank runs this command; see docs/multi-rank.md.
+
 The HTTP server comes up as soon as the models are loaded, so ``/health``
 answers while warmup and calibration run; ``/ready`` (and generation) stay
 503 until the cost table is installed on the engine.
@@ -31,17 +33,22 @@ def run(args: argparse.Namespace) -> int:
     configure_logging()
     log = get_logger("serve")
     config = config_from_args(args)
-    launch = resolve_launch(config)  # every rule and input file checked before any work
+    name = config.served_model_name or Path(str(config.model)).name
+
+    def serve(engine, startup_work) -> int:
+        service = AsyncEngineService(engine, max_pending=config.max_pending_requests)
+        app = build_app(service, model_name=name)
+        startup = service.prepare(lambda e: startup_work())
+        startup.add_done_callback(lambda f: log.info("serving", model=name, host=config.host, port=config.port)
+                                  if f.exception() is None else None)
+        serve_http(app, config.host, config.port)
+        return 0
+
     if config.nnodes > 1:
         from dspark_core.distributed.launch import serve_distributed
 
-        return serve_distributed(launch)
+        # every rank runs this command; rank 0 serves HTTP, the others replay its steps
+        return serve_distributed(config, lambda handle: serve(handle.engine, handle.bring_up))
+    launch = resolve_launch(config)  # every rule and input file checked before any work
     engine = build_engine(launch)
-    name = config.served_model_name or Path(str(config.model)).name
-    service = AsyncEngineService(engine, max_pending=config.max_pending_requests)
-    app = build_app(service, model_name=name)
-    startup = service.prepare(lambda e: bring_up(e, launch))
-    startup.add_done_callback(lambda f: log.info("serving", model=name, host=config.host, port=config.port)
-                              if f.exception() is None else None)
-    serve_http(app, config.host, config.port)
-    return 0
+    return serve(engine, lambda: bring_up(engine, launch))
