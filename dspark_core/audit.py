@@ -19,6 +19,24 @@ STARTUP_AUDIT_EVENT = "DSpark adaptive effective configuration"
 _configured = False
 
 
+class _StderrLogger:
+    """Writes each event to whatever ``sys.stderr`` is at that moment.
+
+    structlog's PrintLogger keeps the stream it was created with; when that
+    stream is later replaced and closed (test capture, daemonising), logging
+    would fail, so the stream is looked up per message instead.
+    """
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _stderr_logger(*_args: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(*, json_output: bool | None = None, level: int = logging.INFO) -> None:
     """Configure structlog once; later calls are no-ops unless ``json_output`` is given."""
     global _configured
@@ -37,7 +55,7 @@ def configure_logging(*, json_output: bool | None = None, level: int = logging.I
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     _configured = True

@@ -28,3 +28,18 @@ def test_audit_event_is_capturable_with_structlog_testing():
     with structlog.testing.capture_logs() as logs:
         emit_startup_audit("file", {"model": "sps"}, {"draft_width": 5})
     assert logs[-1]["event"] == STARTUP_AUDIT_EVENT and logs[-1]["source"] == "file"
+
+
+def test_logging_follows_a_replaced_stderr(monkeypatch):
+    import io
+    import sys
+
+    configure_logging(json_output=True)
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    emit_startup_audit("defaults", {}, {})
+    first.close()  # e.g. a capture that ended
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    emit_startup_audit("file", {}, {})
+    assert json.loads(second.getvalue().splitlines()[-1])["source"] == "file"
