@@ -4,7 +4,6 @@ for every policy and budget, at batch 1 and 16, with and without an installed co
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams

@@ -9,7 +9,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch

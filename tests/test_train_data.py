@@ -5,7 +5,8 @@ import zipfile
 
 import pytest
 
-from dspark_core.errors import ModelError
+from dspark_core.errors import DSparkError
+
 from dspark_core.train import data
 
 
@@ -43,7 +44,10 @@ def test_prompt_jsonl(tmp_path):
     f.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "yo"}]}\n')
     assert data.read_prompts_jsonl(f) == ["hi", [{"role": "user", "content": "yo"}]]
     f.write_text('{"text": "no"}\n')
-    with pytest.raises(ModelError, match="p.jsonl:1"):
+    with pytest.raises(DSparkError, match="p.jsonl:1: expected an object"):
+        data.read_prompts_jsonl(f)
+    f.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(DSparkError, match="p.jsonl:2: not valid JSON"):
         data.read_prompts_jsonl(f)
 
 

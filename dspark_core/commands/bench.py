@@ -75,9 +75,9 @@ def _prompts(path: str | None) -> list:
     from dspark_core.train.data import mtbench_first_turns
 
     if path:
-        from dspark_core.commands.generate import read_prompts
+        from dspark_core.prompts import read_prompts_jsonl
 
-        return read_prompts(path)
+        return read_prompts_jsonl(path)
     return [[{"role": "user", "content": q}] for q in mtbench_first_turns()]
 
 

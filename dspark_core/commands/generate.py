@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from dspark_core.errors import ConfigError
+from dspark_core.prompts import read_prompts_jsonl
 
 NAME = "generate"
 HELP = "Greedy completions of one prompt or a JSONL file of prompts (target alone, or with a DSpark draft)."
@@ -37,31 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Weight dtype.")
     parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE", help="Extra plugin (repeatable).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object with every completion and its statistics.")
-
-
-def read_prompts(path: str) -> list[Any]:
-    """JSONL prompts: each line an object with ``prompt`` (text) or ``messages`` (chat turns)."""
-    items: list[Any] = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"--prompts {path}: cannot read ({exc.strerror})") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--prompts {path}:{number}: not valid JSON ({exc.msg})") from None
-        if isinstance(record, dict) and isinstance(record.get("prompt"), str):
-            items.append(record["prompt"])
-        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
-            items.append(record["messages"])
-        else:
-            raise ConfigError(f"--prompts {path}:{number}: expected an object with a `prompt` string or a `messages` list")
-    if not items:
-        raise ConfigError(f"--prompts {path}: no prompts")
-    return items
 
 
 def build_engine(args: argparse.Namespace):
@@ -103,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     loaded = time.perf_counter()
     if args.prompts:
-        prompts = read_prompts(args.prompts)
+        prompts = read_prompts_jsonl(args.prompts)
     else:
         prompts = [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt]
     outputs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import deque
-from collections.abc import Sequence
 
 import numpy as np
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import apply_rope, rope_cos_sin
+from dspark_core.models.layers import rope_cos_sin
 from dspark_core.models.llama import LlamaTarget
 
 

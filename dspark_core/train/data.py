@@ -124,19 +124,10 @@ def mtbench_first_turns(source: Path | None = None) -> list[str]:
 
 
 def read_prompts_jsonl(path: Path) -> list[str | list[dict]]:
-    """Prompts from a JSONL file: objects with ``prompt`` (text) or ``messages`` (chat list)."""
-    out: list[str | list[dict]] = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        obj = json.loads(line)
-        if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-            out.append(obj["messages"])
-        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-            out.append(obj["prompt"])
-        else:
-            raise ModelError(f"{path}:{n}: expected an object with 'prompt' or 'messages'")
-    return out
+    """Prompts from a JSONL file (see :func:`dspark_core.prompts.read_prompts_jsonl`)."""
+    from dspark_core.prompts import read_prompts_jsonl as read
+
+    return read(path)
 
 
 def chat_ids(tokenizer, prompt: str | Sequence[dict]) -> list[int]:
