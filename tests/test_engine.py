@@ -155,3 +155,19 @@ def test_observers_see_every_decode_step(models, prompts):
     assert all(r.request_bucket == 4 and r.target_rows == 4 + sum(r.verify_lengths) for r in reports)
     assert max(max(r.verify_lengths) for r in reports) == 2
     assert all(r.committed_tokens == sum(a + 1 for a in r.accepted) for r in reports)
+
+
+def test_cancel_frees_the_slot_and_keeps_finished_reasons(models, prompts):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2)))
+    done = engine.add_request(prompts[0], SamplingParams(max_tokens=2, ignore_eos=True))
+    live = engine.add_request(prompts[1], SamplingParams(max_tokens=50, ignore_eos=True))
+    while done.finish_reason is None:
+        engine.step()
+    assert engine.has_work
+    engine.cancel(done)
+    assert done.finish_reason == "length"
+    engine.cancel(live)
+    while engine.has_work:
+        engine.step()
+    assert live.finish_reason == "cancelled" and engine.storage.free_slots == 2

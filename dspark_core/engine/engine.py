@@ -126,8 +126,15 @@ class Engine:
         return request
 
     def cancel(self, request: Request) -> None:
-        """Stop a request (client went away); its slot is freed once no step uses it."""
-        self._release(self.scheduler.finish(request, "cancelled"))
+        """Stop a request (client went away); its slot is freed once no step uses it.
+        A request that already finished keeps its finish reason."""
+        if request.finish_reason is None:
+            self._release(self.scheduler.finish(request, "cancelled"))
+
+    @property
+    def has_work(self) -> bool:
+        """True while a request waits or runs, or launched device work is unprocessed."""
+        return bool(self.scheduler.waiting or self.scheduler.running or self.queue.in_flight)
 
     # -- the loop --------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

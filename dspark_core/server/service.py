@@ -142,8 +142,7 @@ class AsyncEngineService:
 
     # -- engine thread ------------------------------------------------------------
     def _has_work(self) -> bool:
-        s = self.engine.scheduler
-        return bool(s.waiting or s.running or self.engine.queue.in_flight)
+        return self.engine.has_work
 
     def _run(self) -> None:
         try:
@@ -197,8 +196,7 @@ class AsyncEngineService:
         if sub.done:
             return
         if sub.request is not None:
-            if sub.request.finish_reason is None:
-                self.engine.cancel(sub.request)
+            self.engine.cancel(sub.request)  # a no-op for a request that already finished
             self._live.pop(sub.request.request_id, None)
         self._finish(sub, event)
 
