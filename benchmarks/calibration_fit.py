@@ -63,6 +63,9 @@ def main() -> None:
         "load_seconds": round(loaded - started, 1), "warmup_and_calibration_seconds": round(ready - loaded, 1),
         "probe_points": len(plan.points), "fitted_points_mape": round(float(np.mean(in_grid)), 4),
         "held_out_mape": round(float(np.mean([h["error"] for h in held])), 4), "held_out": held,
+        "fitted_points": [{"bucket": m.request_bucket, "rows": m.target_rows, "measured_ms": round(m.step_seconds * 1e3, 2),
+                           "predicted_ms": round(fit.cost.predict_seconds(m.request_bucket, m.target_rows) * 1e3, 2)}
+                          for m in fit.measurements],
     }, indent=2))
 
 

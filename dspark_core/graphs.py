@@ -13,7 +13,9 @@ recapture. Backends differ only in what "prepare" and "run" mean:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextvars
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 from attrs import define, frozen
@@ -21,6 +23,30 @@ from attrs import define, frozen
 from dspark_core.errors import DSparkError
 
 GraphFn = Callable[..., tuple[torch.Tensor, ...]]
+
+
+_STATIC_SHAPES = contextvars.ContextVar("dspark_static_shapes", default=False)
+
+
+@contextmanager
+def static_shapes() -> Iterator[None]:
+    """Ask targets for their static-shape forward inside this block (this thread only).
+
+    A device graph records kernels with fixed shapes and cannot read values back
+    to the host while recording. Targets normally size their attention from the
+    batch (host reads); in static mode they use shapes fixed by the binding key
+    (every row of the tier, the full cache length), with identical results.
+    """
+    token = _STATIC_SHAPES.set(True)
+    try:
+        yield
+    finally:
+        _STATIC_SHAPES.reset(token)
+
+
+def static_shapes_active() -> bool:
+    """True inside :func:`static_shapes`."""
+    return _STATIC_SHAPES.get()
 
 
 class GraphError(DSparkError):
@@ -126,6 +152,10 @@ class CapturedGraphBackend(GraphBackend):
         raise NotImplementedError
 
     def _capture(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
+        with static_shapes():
+            return self._record(key, fn, inputs)
+
+    def _record(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
         api = self._graph_api()
         side = api.Stream()
         side.wait_stream(api.current_stream())

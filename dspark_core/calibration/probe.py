@@ -86,6 +86,10 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
 def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True) -> list[CostSample]:
     """Probe every point of ``plan`` in order; a tqdm bar shows the point being measured."""
     generator = torch.Generator().manual_seed(plan.settings.token_seed)
+    if plan.points:
+        # one unrecorded pass: the first prefill and draft calls of a process are slow
+        # (allocator, kernel selection) and would otherwise inflate the first point
+        probe_point(engine, plan.points[0], plan, torch.Generator().manual_seed(plan.settings.token_seed))
     samples: list[CostSample] = []
     bar = tqdm(plan.points, desc="calibrating", unit="point", disable=not progress, leave=False)
     for point in bar:

@@ -51,15 +51,19 @@ class RowLayout:
     kv_len: int  # keys needed: max position + 1
 
     @classmethod
-    def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor) -> RowLayout:
+    def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
+              max_rows: int | None = None, kv_len: int | None = None) -> RowLayout:
+        """Layout of a batch. With ``max_rows`` and ``kv_len`` given (static-shape mode) nothing is
+        read back to the host and every shape is fixed by the arguments."""
         counts = row_offsets[1:] - row_offsets[:-1]
-        r_max = int(counts.max().item())
+        r_max = int(counts.max().item()) if max_rows is None else max_rows
         steps = torch.arange(r_max, device=positions.device)
         valid = steps[None, :] < counts[:, None]
         pad_index = torch.where(valid, row_offsets[:-1, None] + steps[None, :], torch.zeros_like(valid, dtype=torch.long))
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
-        slot_of_row = torch.repeat_interleave(slot_ids, counts)
-        return cls(pad_index, valid, slot_of_row, query_positions, int(positions.max().item()) + 1)
+        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=positions.shape[0])
+        keys = int(positions.max().item()) + 1 if kv_len is None else kv_len
+        return cls(pad_index, valid, slot_of_row, query_positions, keys)
 
     def causal_mask(self, kv_len: int | None = None) -> torch.Tensor:
         """Boolean ``[B, 1, R_max, L]``: a query sees keys at positions <= its own."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.errors import ModelError
+from dspark_core.graphs import static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.layers import RowLayout, apply_rope, attend, rms_norm, rope_cos_sin, swiglu
@@ -115,8 +116,12 @@ class LlamaTarget(nn.Module):
         """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its position."""
         c = self.config
         self.check_hidden_layers(hidden_layers)
-        layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
-        cache.check_fits(layout.kv_len - 1)
+        if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
+            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets,
+                                     max_rows=batch.num_rows, kv_len=cache.max_len)
+        else:
+            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
+            cache.check_fits(layout.kv_len - 1)
         mask = layout.causal_mask()
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
         x = self.embed[batch.tokens]

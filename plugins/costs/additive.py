@@ -144,7 +144,9 @@ def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit
         if gi:
             a[i, len(buckets) - 1 + gi] = 1.0
         y[i] = m.step_seconds
-        w[i] = np.sqrt(m.windows)
+        # relative weighting: the policy divides by these costs, so a 10 ms error matters far
+        # more on a 100 ms step than on a 1 s one (this minimises relative, not absolute, error)
+        w[i] = np.sqrt(m.windows) / m.step_seconds
     solution, _, rank, _ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
     if rank < ncols:  # cannot happen on a connected grid; kept as a guard
         raise ConfigError(f"additive: the probe grid leaves {ncols - rank} parameter(s) undetermined")

@@ -42,13 +42,6 @@ class AclGraphBackend(CapturedGraphBackend):
             self._api = npu_graph_api()
         return self._api
 
-    def _capture(self, key, fn, inputs):
-        """Warm and record with targets in static-shape mode (no host reads, no data-dependent shapes)."""
-        from dspark_core.models.glm_dsa.static import static_shapes
-
-        with static_shapes():
-            return super()._capture(key, fn, inputs)
-
 
 @hookimpl
 def dspark_components() -> list[Component]:

@@ -13,25 +13,7 @@ can also be pinned to it (``GlmDsaTarget.static_shapes = True``).
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-_STATIC = contextvars.ContextVar("glm_dsa_static_shapes", default=False)
-
-
-@contextmanager
-def static_shapes() -> Iterator[None]:
-    """Run GLM-DSA forwards inside this block in static-shape mode (this thread/context only)."""
-    token = _STATIC.set(True)
-    try:
-        yield
-    finally:
-        _STATIC.reset(token)
-
-
-def static_shapes_active() -> bool:
-    return _STATIC.get()
+from dspark_core.graphs import static_shapes, static_shapes_active  # noqa: F401  (shared by every target)
 
 
 class PerRow:
