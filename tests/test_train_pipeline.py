@@ -106,3 +106,21 @@ def test_calibrate_confidence_on_heldout_features(trained, tmp_path):
     # the same fit from the generations file (features recomputed by the target)
     again = calibrate(out / "draft", target, held, output=tmp_path / "cal2")
     assert again["temperatures"] == pytest.approx(report["temperatures"], rel=1e-3)
+
+
+def test_eval_figures_on_the_tiny_draft(trained):
+    from dspark_core.commands.eval_draft import evaluate
+    from dspark_core.train.data import read_generations
+
+    out, _, target, _, held = trained
+    draft = load_draft(out / "draft")
+    prompts = [p for p, _ in read_generations(held)]
+    report = evaluate(target, draft, prompts, widths=(2, 4), max_tokens=12, batch=4)
+    assert set(report["widths"]) == {"2", "4"}
+    for k, r in report["widths"].items():
+        assert 1.0 <= r["tau"] <= int(k) + 1
+        assert len(r["acceptance_by_position"]) == int(k)
+        assert r["survival_by_position"] == sorted(r["survival_by_position"], reverse=True)
+    conf = report["confidence"]
+    assert conf["blocks"] > 0 and len(conf["ece_before"]) == 4
+    assert conf["ece_before"] == conf["ece_after"]  # an uncalibrated draft: temperatures are all 1

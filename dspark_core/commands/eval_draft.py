@@ -67,6 +67,17 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
     return report
 
 
+def _clean(value):
+    """NaN (a position no step reached) becomes null so the output is strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _print(report: dict) -> None:
     print(f"{report['prompts']} prompts, greedy, max_tokens {report['max_tokens']}")
     for k, r in report["widths"].items():
@@ -99,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     report["draft"] = str(draft_dir)
     report["prompt_source"] = args.prompts or "mt_bench first turns"
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(_clean(report)))
     else:
         _print(report)
     return 0

@@ -131,7 +131,12 @@ def read_prompts_jsonl(path: Path) -> list[str | list[dict]]:
 
 
 def chat_ids(tokenizer, prompt: str | Sequence[dict]) -> list[int]:
-    """Token ids of a prompt wrapped in the target's chat template (one user turn for text)."""
+    """Token ids of a prompt wrapped in the target's chat template (one user turn for text).
+
+    A list of ints is taken as already tokenized and returned unchanged.
+    """
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     return tokenizer.encode(tokenizer.apply_chat_template(messages))
 

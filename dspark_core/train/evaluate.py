@@ -2,7 +2,9 @@
 
 * :func:`engine_acceptance` runs the real :class:`Engine` (``policy="fixed"``,
   full width K, greedy) and reads every step's accepted counts through an
-  observer: τ (committed tokens per request-step, bonus included), acceptance
+  observer: τ (accepted drafts + 1 bonus per request-step; ``tau_committed``
+  counts only tokens that reached the output, i.e. after EOS / max_tokens
+  cuts), acceptance
   (accepted / verified drafts) and, per position j, the fraction of
   request-steps whose draft survived to j (only steps that verified ≥ j).
 * :func:`block_confidences` re-drafts every answer position of given
@@ -52,8 +54,8 @@ def engine_acceptance(target, draft, prompt_ids: list[list[int]], *, width: int,
     conditional = [survival[0]] + [survival[j] / survival[j - 1] if survival[j - 1] > 0 else float("nan") for j in range(1, width)]
     return {
         "width": width,
-        "tau": committed / steps if steps else float("nan"),
-        "tau_observer": float(np.mean(accepted) + 1.0) if accepted else float("nan"),
+        "tau": float(np.mean(accepted) + 1.0) if accepted else float("nan"),
+        "tau_committed": committed / steps if steps else float("nan"),
         "acceptance": float(np.sum(accepted) / (len(accepted) * width)) if accepted else float("nan"),
         "survival_by_position": survival,
         "acceptance_by_position": conditional,
