@@ -106,3 +106,18 @@ def test_two_rank_serve_command(tmp_path):
         ranks[0].send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=60) for p in ranks]
     assert codes == [0, 0], [p.stderr.read()[-1500:] for p in ranks]
+
+
+def test_metrics_count_serving_steps_not_calibration(served):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, _, _, _ = served
+
+    def steps() -> float:
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
+        return sum(s.value for s in families["dspark_verify_width"].samples if s.name.endswith("_count"))
+
+    assert steps() == 0  # calibration ran many decode steps, none of them is serving traffic
+    body = {"model": "tiny", "prompt": "the", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
+    assert steps() >= 3

@@ -50,7 +50,8 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
     Bodies over ``max_body_bytes`` are refused with 413.
     """
     metrics = metrics or ServerMetrics(service.draft_width)
-    service.engine.add_observer(metrics.observe_step)
+    # steps run by warmup and calibration are not serving traffic
+    service.engine.add_observer(lambda report: metrics.observe_step(report) if service.ready else None)
     metrics.bind_queue(lambda: service.waiting, lambda: service.running, lambda: service.pending,
                        lambda: float(service.ready))
     started = int(time.time())
