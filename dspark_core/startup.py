@@ -85,6 +85,8 @@ def resolve_launch(config: ServeConfig) -> Launch:
     policy, options = pick_policy(config)
     capture = Geometry.bucket_multiples if config.captured_target_rows == "bucket_multiples" else Geometry.all_tiers
     launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), capture(width, buckets), policy, options)
+    if device.name == "cpu" and config.cpu_threads > 0:
+        torch.set_num_threads(config.cpu_threads)
     if device.name == "npu":
         from dspark_plugins.devices.npu import log_npu_environment
 

@@ -76,6 +76,10 @@ def _basic_problems(c: ServeConfig) -> list[str]:
             problems.append(f"{name}={getattr(c, name)}: must be >= 1")
     if not 0 <= c.node_rank < max(c.nnodes, 1):
         problems.append(f"node_rank={c.node_rank}: must be in 0..{c.nnodes - 1} for nnodes={c.nnodes}")
+    if c.cpu_threads < 0:
+        problems.append(f"cpu_threads={c.cpu_threads}: must be >= 0 (0 = torch's default)")
+    if c.max_model_len < 2:
+        problems.append(f"max_model_len={c.max_model_len}: must be >= 2")
     if not 0 <= c.port <= 65535:
         problems.append(f"port={c.port}: must be in 0..65535")
     if c.speculative and c.num_speculative_tokens < 1:

@@ -114,7 +114,8 @@ def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], conc
     names = list(policies)
     for concurrency, count in zip(concurrencies, prompts_per_concurrency, strict=True):
         indices = list(range(min(count, len(prompts))))
-        chunks = [c for c in np.array_split(indices, max(1, min(rounds, len(indices)))) if len(c)]
+        # a round needs at least `concurrency` prompts, or it would not reach that concurrency
+        chunks = [c for c in np.array_split(indices, max(1, min(rounds, len(indices) // concurrency))) if len(c)]
         by_name = {name: CellRecord(name, concurrency) for name in names}
         for r, chunk in enumerate(chunks):
             order = names[r % len(names):] + names[: r % len(names)]

@@ -32,10 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Comma-separated budget policies; `fixed` expands to fixed k=1..K.")
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
     parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16], help="Concurrency sweep.")
-    parser.add_argument("--prompts_per_concurrency", type=_ints, default=[4, 8, 16],
+    parser.add_argument("--prompts_per_concurrency", type=_ints, default=[2, 4, 16],
                         help="Prompts run at each concurrency (same order as --concurrency).")
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
-    parser.add_argument("--rounds", type=int, default=2, help="Interleaving rounds per concurrency.")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="Interleaving rounds per concurrency (at most prompts / concurrency).")
     parser.add_argument("--calibration", default="configs/demo-calibration.json",
                         help="Calibration file for the startup calibration (in-process mode).")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         engine = _engine(args)
         policies = _policies(engine, [n.strip() for n in args.policies.split(",") if n.strip()], width)
-        total = sum(len(policies) * max(1, min(args.rounds, n)) for n in args.prompts_per_concurrency)
+        total = sum(len(policies) * max(1, min(args.rounds, n // c))
+                    for c, n in zip(args.concurrency, args.prompts_per_concurrency))
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
                               args.max_tokens, args.rounds, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
