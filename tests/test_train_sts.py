@@ -79,3 +79,28 @@ def test_sts_is_written_into_the_config(tmp_path):
     assert loaded.config.sts_temperatures == pytest.approx(tuple(temps), rel=1e-5)
     conf = loaded.confidence(__import__("torch").full((1, 4), 2.0))
     assert conf[0, 0].item() == pytest.approx(1.0 / (1.0 + math.exp(-2.0 / temps[0])), rel=1e-5)
+
+
+def test_offset_fixes_a_biased_head_that_temperatures_cannot():
+    rng = np.random.default_rng(1)
+    z = rng.normal(1.0, 1.5, size=(4000, 3))
+    hits = rng.random(z.shape) < 1.0 / (1.0 + np.exp(-(z - 1.5)))  # the head is 1.5 logits too optimistic
+    temps_only = sts.survival_ece(z, hits, sts.fit_sts(z, hits))
+    shift, temps = sts.fit_sts_with_offset(z, hits)
+    with_offset = sts.survival_ece(z + shift, hits, temps)
+    assert shift == pytest.approx(-1.5, abs=0.5)
+    assert max(with_offset) < 0.03 < temps_only[0]
+
+
+def test_offset_is_folded_into_the_confidence_bias(tmp_path):
+    import torch
+
+    from dspark_core.models.random_models import random_draft, tiny_target_config
+    from dspark_core.models.speculators_io import load_draft, save_draft
+
+    draft = random_draft(tiny_target_config(), block_size=4)
+    save_draft(draft, tmp_path)
+    sts.add_confidence_offset(tmp_path, -0.75)
+    loaded = load_draft(tmp_path)
+    assert loaded.confidence_head.proj.bias.item() == pytest.approx(draft.confidence_head.proj.bias.item() - 0.75, abs=1e-6)
+    assert torch.equal(loaded.confidence_head.proj.weight, draft.confidence_head.proj.weight)

@@ -19,12 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--heldout", default=None, help="Held-out data: generations JSONL (prompt_ids/answer_ids) or the features file, e.g. "
                                       "RUN/heldout.jsonl or RUN/heldout-features.pt from train-draft. Default: heldout.jsonl next to the draft.")
     a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place.")
+    a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
+                                          "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--json", action="store_true", help="Print one JSON object.")
 
 
-def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15) -> dict:
+def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15, offset: bool = False) -> dict:
     """Fit, write and report (ECE per position before/after)."""
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.train import sts
@@ -43,10 +45,16 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     if len(logits) == 0:
         raise ModelError(f"{heldout}: no complete blocks to calibrate on")
     ones = [1.0] * logits.shape[1]
-    temps = sts.fit_sts(logits, hits, bins)
+    if offset:
+        shift, temps = sts.fit_sts_with_offset(logits, hits, bins)
+    else:
+        shift, temps = 0.0, sts.fit_sts(logits, hits, bins)
     written = sts.write_temperatures(draft_dir, temps, output=output)
+    if shift:
+        sts.add_confidence_offset(written, shift)
     return {"draft": str(written), "heldout": str(heldout), "blocks": int(len(logits)), "temperatures": temps,
-            "ece_before": sts.survival_ece(logits, hits, ones, bins), "ece_after": sts.survival_ece(logits, hits, temps, bins)}
+            "offset": shift, "ece_before": sts.survival_ece(logits, hits, ones, bins),
+            "ece_after": sts.survival_ece(logits + shift, hits, temps, bins)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,11 +68,12 @@ def run(args: argparse.Namespace) -> int:
     heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"
     if not heldout.is_file():
         raise ModelError(f"held-out file {heldout} not found (pass --heldout=FILE)")
-    report = calibrate(draft_dir, load_target(args.target), heldout, output=Path(args.output) if args.output else None, bins=args.bins)
+    report = calibrate(draft_dir, load_target(args.target), heldout, output=Path(args.output) if args.output else None,
+                       bins=args.bins, offset=args.offset)
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"calibrated {report['draft']} on {report['blocks']} held-out blocks")
+        print(f"calibrated {report['draft']} on {report['blocks']} held-out blocks (logit offset {report['offset']:+.2f})")
         for j, (t, b, a) in enumerate(zip(report["temperatures"], report["ece_before"], report["ece_after"]), 1):
             print(f"  position {j}: T={t:.3f}  survival ECE {100 * b:.2f}% -> {100 * a:.2f}%")
     return 0

@@ -88,6 +88,43 @@ def fit_sts(logits, hits, bins: int = 15, grid=GRID) -> list[float]:
     return temps
 
 
+OFFSETS = np.arange(-3.0, 3.0001, 0.25)
+
+
+def fit_sts_with_offset(logits, hits, bins: int = 15, offsets=OFFSETS) -> tuple[float, list[float]]:
+    """A shared logit offset ``b`` plus per-position temperatures: ``c_j = sigmoid((z_j + b) / T_j)``.
+
+    Temperatures alone cannot move a head whose logits are biased (e.g. it
+    learned the soft overlap ``1 - L1/2`` while greedy acceptance is a harder
+    event); the offset is folded into the confidence head's bias, so serving
+    still computes ``sigmoid(logit / T_j)``. For each ``b`` on the grid STS is
+    fitted left to right; the ``b`` with the smallest worst-position survival
+    ECE wins (ties: the smallest ``|b|``).
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    best = None
+    for b in sorted(offsets, key=abs):
+        temps = fit_sts(z + b, hits, bins)
+        worst = max(survival_ece(z + b, hits, temps, bins))
+        if best is None or worst < best[0] - 1e-12:
+            best = (worst, float(b), temps)
+    return best[1], best[2]
+
+
+def add_confidence_offset(directory, offset: float) -> None:
+    """Add ``offset`` to the confidence head's bias inside ``model.safetensors`` (dtype kept)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    path = Path(directory) / "model.safetensors"
+    tensors = load_file(str(path))
+    key = "confidence_head.proj.bias"
+    bias = tensors[key]
+    tensors[key] = (bias.float() + float(offset)).to(bias.dtype)
+    save_file(tensors, str(path))
+
+
 def reached_auc(logits, hits) -> tuple[float, list[float]]:
     """ROC-AUC of the raw confidence for proposals the chain actually reaches (all earlier ones hit):
     pooled over positions, and per position."""
