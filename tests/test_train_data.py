@@ -6,7 +6,6 @@ import zipfile
 import pytest
 
 from dspark_core.errors import DSparkError
-
 from dspark_core.train import data
 
 

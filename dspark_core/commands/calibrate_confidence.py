@@ -52,7 +52,7 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     written = sts.write_temperatures(draft_dir, temps, output=output)
     if shift:
         sts.add_confidence_offset(written, shift)
-    return {"draft": str(written), "heldout": str(heldout), "blocks": int(len(logits)), "temperatures": temps,
+    return {"draft": str(written), "heldout": str(heldout), "blocks": len(logits), "temperatures": temps,
             "offset": shift, "ece_before": sts.survival_ece(logits, hits, ones, bins),
             "ece_after": sts.survival_ece(logits + shift, hits, temps, bins)}
 

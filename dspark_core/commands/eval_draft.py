@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
             temps = list(draft.config.temperatures)
             auc, per_auc = sts.reached_auc(logits, hits)
             report["confidence"] = {
-                "blocks": int(len(logits)),
+                "blocks": len(logits),
                 "offline_acceptance_by_position": (sts.survival(hits).mean(0)).tolist(),
                 "ece_before": sts.survival_ece(logits, hits, [1.0] * k_out, bins),
                 "ece_after": sts.survival_ece(logits, hits, temps, bins),
@@ -69,7 +70,7 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
 
 def _clean(value):
     """NaN (a position no step reached) becomes null so the output is strict JSON."""
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}

@@ -49,8 +49,8 @@ def options_from_args(args: argparse.Namespace):
 
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                              lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes, head_dtype=args.head_dtype, warmup=min(30, max(1, args.steps // 10)))
-    common = dict(output=Path(args.output), topk=args.topk, markov_type=args.markov_type,
-                  features_dir=Path(args.features_dir) if args.features_dir else None, settings=settings)
+    common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
+              "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings}
     if args.tiny:
         settings = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
                                  save_every=args.save_every, warmup=min(30, max(1, args.steps // 10)))
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     opts = options_from_args(args)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
     _, _, losses, held = run_pipeline(opts, progress=not args.no_progress, log=log)
     print(f"trained {len(losses)} steps; loss {losses[0]:.4f} -> {losses[-1]:.4f}; draft: {opts.output / 'draft'}; held-out: {held}")
     return 0

@@ -1,0 +1,1 @@
+"""Training, calibration and evaluation of DSpark drafts (see docs/draft-training.md)."""

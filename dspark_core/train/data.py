@@ -176,26 +176,6 @@ def write_generations(path: Path, prompts: list[list[int]], answers: list[list[i
     tmp.replace(path)
 
 
-def generate_to_file(target, prompt_ids: list[list[int]], path: Path, *, max_tokens: int, batch: int = 16,
-                     chunk: int = 64, log=None) -> list[tuple[list[int], list[int]]]:
-    """Generate answers chunk by chunk, appending to ``path``; an existing file is resumed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    done = read_generations(path) if path.is_file() else []
-    if [p for p, _ in done] != prompt_ids[: len(done)]:
-        raise ModelError(f"{path}: existing generations belong to other prompts; delete the file to regenerate")
-    for start in range(len(done), len(prompt_ids), chunk):
-        part = prompt_ids[start : start + chunk]
-        answers = generate_answers(target, part, max_tokens=max_tokens, batch=batch, progress=False)
-        with path.open("a", encoding="utf-8") as f:
-            for p, a in zip(part, answers, strict=True):
-                f.write(json.dumps({"prompt_ids": p, "answer_ids": a}) + "\n")
-        done.extend(zip(part, answers))
-        if log is not None:
-            log(f"generated {len(done)}/{len(prompt_ids)} answers")
-    return done[: len(prompt_ids)]
-
-
 def read_generations(path: Path) -> list[tuple[list[int], list[int]]]:
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     return [(r["prompt_ids"], r["answer_ids"]) for r in rows]

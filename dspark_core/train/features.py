@@ -9,14 +9,12 @@ forward yields, per position:
   49k-way distribution is not stored: training compares the draft against the
   top-k distribution renormalised to 1 (see :mod:`dspark_core.train.losses`).
 
-The cache file name hashes the generations file, the aux layers and k, so a
-changed input never reuses stale features.
+Training gets them from :func:`generate_with_features` (the generating
+forwards already compute them; the pipeline caches them in shards);
+:func:`compute_features` recomputes them for existing sequences (evaluation).
 """
 
 from __future__ import annotations
-
-import hashlib
-from pathlib import Path
 
 import torch
 from attrs import frozen
@@ -52,12 +50,6 @@ class FeatureSet:
         return {k: getattr(self, k) for k in ("tokens", "offsets", "prompt_lens", "hidden", "topk_ids", "topk_probs")}
 
 
-def cache_key(source: Path, aux_layers: tuple[int, ...], k: int) -> str:
-    h = hashlib.sha256(Path(source).read_bytes())
-    h.update(repr((tuple(aux_layers), k)).encode())
-    return h.hexdigest()[:16]
-
-
 @torch.no_grad()
 def compute_features(target, sequences: list[tuple[list[int], list[int]]], aux_layers: tuple[int, ...], *,
                      k: int = 16, rows_per_forward: int = 2048, progress: bool = True) -> FeatureSet:
@@ -91,20 +83,6 @@ def compute_features(target, sequences: list[tuple[list[int], list[int]]], aux_l
         prompt_lens=torch.tensor([len(p) for p, _ in sequences], dtype=torch.long),
         hidden=torch.cat(hid), topk_ids=torch.cat(ids), topk_probs=torch.cat(probs),
     )
-
-
-def cached_features(target, source: Path, sequences, aux_layers: tuple[int, ...], *, k: int = 16,
-                    cache_dir: Path, progress: bool = True) -> FeatureSet:
-    """Load the features of ``source`` from ``cache_dir`` or compute and store them."""
-    path = Path(cache_dir) / f"features-{cache_key(source, aux_layers, k)}.pt"
-    if path.is_file():
-        return FeatureSet(**torch.load(path, weights_only=True))
-    feats = compute_features(target, sequences, aux_layers, k=k, progress=progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(feats.to_dict(), tmp)
-    tmp.replace(path)
-    return feats
 
 
 def token_counts(feats: FeatureSet, vocab_size: int) -> torch.Tensor:

@@ -16,7 +16,11 @@ import torch
 from attrs import field, frozen
 
 from dspark_core.train import data
-from dspark_core.train.features import FeatureSet, concat_features, generate_with_features
+from dspark_core.train.features import (
+    FeatureSet,
+    concat_features,
+    generate_with_features,
+)
 from dspark_core.train.train import TrainSettings, init_draft, make_draft_config, train
 
 
@@ -38,7 +42,7 @@ class PipelineOptions:
     topk: int = 16
     features_dir: Path | None = None
     tiny: bool = False
-    settings: TrainSettings = TrainSettings()
+    settings: TrainSettings = field(factory=TrainSettings)
 
 
 def tiny_target():

@@ -20,7 +20,13 @@ from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.dspark_draft import DSparkDraft
 from dspark_core.train.blocks import train_blocks
 from dspark_core.train.features import FeatureSet, token_counts
-from dspark_core.train.losses import chain_stats, dspark_loss, make_batch, sample_anchors, usable
+from dspark_core.train.losses import (
+    chain_stats,
+    dspark_loss,
+    make_batch,
+    sample_anchors,
+    usable,
+)
 
 
 @frozen
