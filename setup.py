@@ -23,4 +23,6 @@ def find_packages_under(import_name: str, directory: str) -> list[str]:
 setup(
     package_dir=ROOTS,
     packages=[pkg for name, directory in ROOTS.items() for pkg in find_packages_under(name, directory)],
+    # the shipped default drafts are data files, not packages
+    package_data={"dspark_core": ["drafts/*/config.json", "drafts/*/model.safetensors"]},
 )
