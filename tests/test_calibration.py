@@ -219,3 +219,11 @@ def tiny_config(vocab: int):
     from dspark_core.models.random_models import tiny_target_config
 
     return tiny_target_config(vocab_size=vocab, num_layers=2, max_position=512)
+
+
+@pytest.mark.parametrize("path,width", [("configs/demo-calibration.json", 7), ("configs/demo-calibration-k5.json", 5)])
+def test_shipped_demo_files_are_valid_for_their_width(path, width):
+    root = Path(__file__).resolve().parents[1]
+    geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
+    plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
+    assert len(plan.points) == 15 and plan.settings.draft_width == width

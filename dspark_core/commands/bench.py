@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
     parser.add_argument("--rounds", type=int, default=2,
                         help="Interleaving rounds per concurrency (at most prompts / concurrency).")
-    parser.add_argument("--calibration", default="configs/demo-calibration.json",
-                        help="Calibration file for the startup calibration (in-process mode).")
+    parser.add_argument("--calibration", default=None,
+                        help="Calibration file (in-process mode). Default: configs/demo-calibration.json for K=7, "
+                             "configs/demo-calibration-k5.json for K=5.")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md and PNGs.")
@@ -53,8 +54,10 @@ def _engine(args: argparse.Namespace):
     flags = [f"--model={args.model}", f"--draft_model={args.draft_model}",
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
              f"--captured_target_rows={args.captured_target_rows}"]
+    calibration = args.calibration or ("configs/demo-calibration-k5.json" if args.num_speculative_tokens == 5
+                                       else "configs/demo-calibration.json")
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
-                 else f"--adaptive_dspark_calibration={args.calibration}")
+                 else f"--adaptive_dspark_calibration={calibration}")
     launch = resolve_launch(parse_serve_args(flags))
     engine = build_engine(launch)
     bring_up(engine, launch, progress=not args.json)
