@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from attrs import evolve
 
-from dspark_core.errors import ConfigError, ModelError
-from dspark_core.models.base import ForwardBatch, ForwardOutput
-from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import RowLayout, apply_rope, attend, rms_norm, rope_cos_sin, swiglu
+from dspark_core.errors import ConfigError
+from dspark_core.models.base import TargetConfig
 from dspark_core.models.llama import LlamaLayer, LlamaTarget
 
 
@@ -69,54 +66,13 @@ class TensorParallelLlama(LlamaTarget):
     def __init__(self) -> None:  # built by :func:`shard_llama`, never directly
         raise TypeError("use shard_llama(target, rank, world_size, group)")
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        c = self.config
-        if max_len > c.max_position:
-            raise ModelError(f"requested KV length {max_len} exceeds the model context limit {c.max_position}")
-        return KVCache.allocate(c.num_layers, num_slots, max_len, self.local.num_kv_heads, c.head_dim, dtype=self.dtype,
-                                device=self.device)
+    @property
+    def head_config(self) -> TargetConfig:
+        return self.local
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(partial, group=self.tp_group)
         return partial
-
-    def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        c = self.local
-        n = x.shape[0]
-        qkv = F.linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[:, :q_size].view(n, c.num_heads, c.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim)
-        v = qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, c.rms_eps)
-            k = rms_norm(k, layer.k_norm, c.rms_eps)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down))
-
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Same contract and row layout as :meth:`LlamaTarget.forward`; two all-reduces per layer."""
-        c = self.config
-        self.check_hidden_layers(hidden_layers)
-        layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
-        cache.check_fits(layout.kv_len - 1)
-        mask = layout.causal_mask()
-        cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
-        x = self.embed[batch.tokens]
-        saved = {0: x} if 0 in hidden_layers else {}
-        for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            cache.write(i, layout.slot_of_row, batch.positions, k, v)
-            keys, values = cache.read(i, batch.slot_ids, layout.kv_len)
-            x = x + self._reduce(F.linear(attend(q, keys, values, layout, mask), layer.o_proj))
-            x = self._mlp(layer, x)
-            if i + 1 in hidden_layers:
-                saved[i + 1] = x
-        hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return ForwardOutput(self.logits_from_hidden(x), hidden)
 
 
 def shard_llama(target: LlamaTarget, rank: int, world_size: int, group=None) -> LlamaTarget:

@@ -76,12 +76,22 @@ class LlamaTarget(nn.Module):
 
     # -- cache -----------------------------------------------------------------
 
+    @property
+    def head_config(self) -> TargetConfig:
+        """The attention heads this instance computes (a tensor-parallel shard holds fewer)."""
+        return self.config
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Combine a row-parallel layer's partial output (identity on one rank)."""
+        return partial
+
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         """Allocate a static cache of ``num_slots`` x ``max_len`` positions."""
         c = self.config
         if max_len > c.max_position:
             raise ModelError(f"requested KV length {max_len} exceeds the model context limit {c.max_position}")
-        return KVCache.allocate(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
+        return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
+                                dtype=self.dtype, device=self.device)
 
     # -- forward ---------------------------------------------------------------
 
@@ -92,7 +102,7 @@ class LlamaTarget(nn.Module):
                 raise ModelError(f"hidden layer index {i} is outside 0..{self.config.num_layers}")
 
     def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        c = self.config
+        c = self.head_config
         n = x.shape[0]
         qkv = F.linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -105,7 +115,7 @@ class LlamaTarget(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        return x + swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down)
+        return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down))
 
     def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head, float32 logits."""
@@ -131,7 +141,7 @@ class LlamaTarget(nn.Module):
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
             keys, values = cache.read(i, batch.slot_ids, layout.kv_len)
-            x = x + F.linear(attend(q, keys, values, layout, mask), layer.o_proj)
+            x = x + self._reduce(F.linear(attend(q, keys, values, layout, mask), layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
