@@ -73,6 +73,11 @@ def sorted_survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> np.ndar
     return np.concatenate([[0.0], np.cumsum(values)])
 
 
+def smallest_tier(ctx: TierContext, rows: int) -> int:
+    """The smallest captured tier holding ``rows`` (the full-width tier always exists)."""
+    return next((g for g in ctx.tiers if g >= rows), ctx.full_width)
+
+
 def full_width_choice(ctx: TierContext, *, fallback: bool) -> TierChoice:
     """Verify every drafted token (the prewarmed path used without a calibrated profile)."""
     return TierChoice(rows=ctx.full_width, fallback=fallback)

@@ -141,32 +141,6 @@ def chat_ids(tokenizer, prompt: str | Sequence[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages))
 
 
-def generate_answers(target, prompt_ids: list[list[int]], *, max_tokens: int, batch: int = 16,
-                     progress: bool = True) -> list[list[int]]:
-    """Greedy target-only answers (Engine, ``policy="none"``), in prompt order."""
-    from tqdm import tqdm
-
-    from dspark_core.engine.engine import Engine, EngineConfig
-    from dspark_core.engine.request import SamplingParams
-
-    longest = max(len(p) for p in prompt_ids)
-    cfg = EngineConfig(draft_width=1, policy="none", request_buckets=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= batch) or (1,),
-                       max_model_len=longest + max_tokens + 16)
-    engine = Engine(target, None, cfg)
-    done: dict[str, list[int]] = {}
-    try:
-        requests = [engine.add_request(p, SamplingParams(max_tokens=max_tokens)) for p in prompt_ids]
-        with tqdm(total=len(requests), desc="generate", unit="prompt", disable=not progress) as bar:
-            while len(done) < len(requests):  # continuous batching: free slots refill at once
-                for out in engine.step():
-                    done[out.request_id] = list(out.token_ids)
-                    bar.update(1)
-    finally:
-        engine.close()
-    answers = [done[r.request_id] for r in requests]
-    return answers
-
-
 def write_generations(path: Path, prompts: list[list[int]], answers: list[list[int]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

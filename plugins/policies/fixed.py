@@ -16,7 +16,7 @@ from attrs import frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import TierChoice, TierContext
+from dspark_core.policy import TierChoice, TierContext, smallest_tier
 
 
 @frozen
@@ -33,9 +33,7 @@ class FixedPolicy:
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         wanted = ctx.request_bucket + int(np.minimum(caps, self.per_request(ctx.draft_width)).sum())
-        # smallest captured tier that holds the rows; the full-width tier always exists
-        rows = next((g for g in ctx.tiers if g >= wanted), ctx.full_width)
-        return TierChoice(rows=rows)
+        return TierChoice(rows=smallest_tier(ctx, wanted))
 
     def split(self, kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor:

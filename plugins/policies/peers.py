@@ -29,13 +29,9 @@ from attrs import frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import TierChoice, TierContext, allocate_split, full_width_choice, sorted_survival_prefix
+from dspark_core.policy import (TierChoice, TierContext, allocate_split, full_width_choice, smallest_tier,
+                                sorted_survival_prefix)
 from dspark_plugins.policies.adaptive import AdaptivePolicy
-
-
-def smallest_tier(ctx: TierContext, rows: int) -> int:
-    """The smallest captured tier holding ``rows`` (full width always exists)."""
-    return next((g for g in ctx.tiers if g >= rows), ctx.full_width)
 
 
 def threshold_lengths(survival: torch.Tensor, caps: torch.Tensor, h: float) -> torch.Tensor:
