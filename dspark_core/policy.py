@@ -2,24 +2,35 @@
 
 A policy decides in two parts, mirroring the asynchronous pipeline:
 
-1. ``choose_tier`` on the host, from confidences that may be one or two steps
-   old (``tier_lag``), picks the target-row tier G among the bucket's captured
-   tiers, using the installed cost table's per-tier costs;
+0. ``plan`` on the host, when the step is built, decides whether the step runs
+   the draft at all. A draft-off step verifies one row per request (the
+   anchor); the draft still receives the target's hidden states, so drafting
+   resumes later exactly where it would have. ``plan`` is optional: a policy
+   without it always drafts (when ``uses_draft``).
+1. ``choose_tier``, from confidences exactly ``tier_lag`` steps old (0: the
+   step's own proposal), picks the target-row tier G among the bucket's
+   captured tiers, using the installed cost table's per-tier costs;
 2. ``split`` on the device, with the step's current confidences, divides the
    tier's ``G - Bcap`` draft rows among the requests (the allocate kernel).
 
-Policies only change how much is verified, never what is committed.
+After the host processes a step it calls the optional ``observe`` with the
+step's :class:`~dspark_core.engine.records.StepReport`, so a policy can learn
+from what was really accepted. Policies only change how much is verified,
+never what is committed.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 from attrs import frozen
 
 from dspark_core.geometry import full_width_rows
+
+if TYPE_CHECKING:
+    from dspark_core.engine.records import StepReport
 
 
 @frozen
@@ -31,6 +42,12 @@ class TierContext:
     draft_width: int
     tiers: tuple[int, ...]  # captured target rows of this bucket, ascending
     tier_costs: np.ndarray | None  # seconds per tier (NaN = not covered); None = no calibrated profile
+    # calibrated seconds of a draft-off step (one row per request, no draft run);
+    # None: not calibrated (an older table) or the Bcap tier is not captured
+    draft_off_cost: float | None = None
+    # multiplier the host applies to the confidences' expected accepted tokens
+    # (the policy's running realized/predicted ratio; 1.0 = trust the confidences)
+    forecast_scale: float = 1.0
 
     @property
     def full_width(self) -> int:
@@ -49,19 +66,57 @@ class TierChoice:
     draft_rows: int | None = None
     # per-request verify lengths fixed on the host (a stale split); None: split on the device
     lengths: tuple[int, ...] | None = None
+    draft_off: bool = False  # the step ran no draft: one row per request, nothing verified
+
+
+@frozen
+class StepPlan:
+    """The host's decision for one step before it is launched."""
+
+    draft: bool = True  # False: a draft-off step
+    probe: bool = False  # True: drafting although it did not look worth it, to learn whether it pays again
+    forecast_scale: float = 1.0  # copied into the step's TierContext
+
+
+def draft_off_choice(ctx: TierContext) -> TierChoice:
+    """The choice recorded for a draft-off step: the bucket's smallest tier, one token per request."""
+    seconds = float("nan") if ctx.draft_off_cost is None else ctx.draft_off_cost
+    return TierChoice(rows=ctx.request_bucket, predicted_tokens=float(ctx.live_requests), predicted_seconds=seconds,
+                      draft_off=True)
 
 
 class BudgetPolicy(Protocol):
-    """The object a ``dspark_budget_policy`` hook returns."""
+    """The object a ``dspark_budget_policy`` hook returns.
+
+    Two more methods are optional (see :func:`plan_step`, :func:`observe_step`):
+    ``plan(ctx, confidences, caps) -> StepPlan`` on the host with the freshest
+    confidences it has without waiting, and ``observe(report) -> None`` after
+    each processed step.
+    """
 
     name: str
     uses_draft: bool  # False: target-only decoding, the draft is not run
-    tier_lag: int  # 0: decides on current confidences; 1-2: on older ones
+    tier_lag: int  # age in steps of the confidences choose_tier receives (0: the step's own)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice: ...
 
     def split(self, kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor: ...
+
+
+def plan_step(policy: object, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:
+    """The policy's plan for a step; policies without ``plan`` draft whenever they use a draft."""
+    plan = getattr(policy, "plan", None)
+    if plan is None:
+        return StepPlan(draft=bool(getattr(policy, "uses_draft", True)))
+    return plan(ctx, confidences, caps)
+
+
+def observe_step(policy: object, report: StepReport) -> None:
+    """Hand a processed step's report to the policy when it wants one (``observe`` is optional)."""
+    observe = getattr(policy, "observe", None)
+    if observe is not None:
+        observe(report)
 
 
 def sorted_survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -42,9 +42,23 @@ def test_built_in_defaults():
     assert (s.model, s.draft_width, s.request_buckets) == ("additive", 7, (1, 2, 4, 8, 16))
     assert [(c.prefill_tokens, c.min_kv_length, c.max_kv_length) for c in s.contexts] == [(2048, 1, 4096)]
     assert (s.warmup_steps, s.window_steps, s.windows_per_point, s.token_seed) == (8, 32, 3, 1)
-    # every legal captured tier of every bucket, full width included
-    assert len(plan.points) == sum(b * 7 + 1 for b in (1, 2, 4, 8, 16))
-    assert {(p.request_bucket, p.target_rows) for p in plan.points} >= {(16, 128), (1, 8), (1, 1)}
+    # every legal captured tier of every bucket, full width included ...
+    drafting = [p for p in plan.points if not p.draft_off]
+    assert len(drafting) == sum(b * 7 + 1 for b in (1, 2, 4, 8, 16))
+    assert {(p.request_bucket, p.target_rows) for p in drafting} >= {(16, 128), (1, 8), (1, 1)}
+    # ... plus one draft-off point per bucket, at one row per request
+    assert s.draft_off is True
+    assert [(p.request_bucket, p.target_rows) for p in plan.points if p.draft_off] == [(b, b) for b in (1, 2, 4, 8, 16)]
+
+
+def test_draft_off_probing_can_be_turned_off_in_the_file(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text('{"draft_off": false}')
+    plan = resolve_plan(7, GEOMETRY, 8192, read_calibration_file(str(path)), grid_check)
+    assert plan.settings.draft_off is False and not any(p.draft_off for p in plan.points)
+    path.write_text('{"draft_off": "no"}')
+    with pytest.raises(ConfigError, match=r"draft_off"):
+        read_calibration_file(str(path))
 
 
 def test_default_kv_bound_is_capped_by_the_context_limit():
@@ -97,7 +111,7 @@ def test_each_rule_is_enforced_with_its_message(tmp_path, data, match):
 def test_sps_accepts_a_grid_the_additive_model_refuses(tmp_path):
     plan = plan_from(tmp_path, {"model": "sps", "request_buckets": [1, 2],
                                 "target_graph_rows": {"1": [1, 8], "2": [2, 16]}})
-    assert len(plan.points) == 4
+    assert len(plan.points) == 4 + 2  # plus a draft-off point per bucket
 
 
 @pytest.mark.parametrize("data,path", [
@@ -146,7 +160,8 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     engine, table, audits = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}",
                                               f"--adaptive_dspark_cost_table_output={out}"))
     work = engine.work_counters()
-    assert work["fits"] == 1 and work["profiling_runs"] == 17 and work["warmups"] == 17  # 6 + 11 tiers
+    # 6 + 11 tiers, plus a draft-off point per bucket (probed on the already captured Bcap tier)
+    assert work["fits"] == 1 and work["profiling_runs"] == 19 and work["warmups"] == 17
     assert engine.ready and engine.table is table and out.is_file()
     assert load_table(out) == table
     (audit,) = audits
@@ -163,6 +178,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert table2 == table and engine2.table == table
     assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
     assert audits2[0]["coverage"]
+    assert audits2[0]["coverage"][0]["coverage"]["draft_off_buckets"] == [1, 2]
     engine2.close()
 
     # an incompatible launch (different captured geometry and width) is refused field by field
@@ -226,4 +242,5 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
     root = Path(__file__).resolve().parents[1]
     geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
     plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
-    assert len(plan.points) == 15 and plan.settings.draft_width == width
+    assert len(plan.points) == 15 + 5 and plan.settings.draft_width == width
+    assert sorted(p.request_bucket for p in plan.points if p.draft_off) == [1, 2, 4, 8, 16]

@@ -18,6 +18,7 @@ GOOD = {
     "window_steps": 32,
     "windows_per_point": 3,
     "token_seed": 1,
+    "draft_off": True,
 }
 
 

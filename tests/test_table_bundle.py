@@ -59,7 +59,8 @@ def test_bundle_records_settings_fingerprint_provenance_and_measurements():
     assert data["provenance"]["dspark_core_version"]
     first = data["fits"][0]
     assert first["coverage"]["spans"][0] == {"request_bucket": 1, "min_rows": 1, "max_rows": 4}
-    assert {"request_bucket": 2, "target_rows": 8, "step_seconds": pytest.approx(simple_cost(2, 8)), "windows": 3} in first["measurements"]
+    assert {"request_bucket": 2, "target_rows": 8, "step_seconds": pytest.approx(simple_cost(2, 8)), "windows": 3,
+            "draft_off": False} in first["measurements"]
 
 
 def test_samples_for_an_unknown_interval_are_refused():

@@ -14,7 +14,7 @@ import attrs
 
 from dspark_core.audit import emit_startup_audit, get_logger
 from dspark_core.calibration.plan import CalibrationPlan
-from dspark_core.calibration.probe import points_summary, run_probes
+from dspark_core.calibration.probe import draft_off_summary, points_summary, run_probes
 from dspark_core.convert import unstructure
 from dspark_core.costs.base import CostSample
 from dspark_core.table import CostTable, fit_table, save_table
@@ -103,4 +103,5 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
         if settings.get("target_graph_rows") is None:
             settings["target_graph_rows"] = points_summary(launch.plan.points)
         extra["probe_points"] = len(launch.plan.points)
+        extra["draft_off_buckets"] = draft_off_summary(launch.plan.points)
     emit_startup_audit(source, settings, geometry_record(engine.geometry), **extra)

@@ -42,16 +42,22 @@ class CalibrationFile:
     window_steps: int | None = None
     windows_per_point: int | None = None
     token_seed: int | None = None
+    draft_off: bool | None = None
 
 
 @frozen
 class ProbePoint:
-    """One (request bucket, target rows) point sampled in one context interval."""
+    """One (request bucket, target rows) point sampled in one context interval.
+
+    ``draft_off`` points run no draft and verify one row per request
+    (``target_rows`` equals the bucket).
+    """
 
     request_bucket: int
     target_rows: int
     context_index: int
     prefill_tokens: int
+    draft_off: bool = False
 
 
 @frozen
@@ -143,6 +149,9 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
             raise ConfigError(f"{where}: prefill {ctx.prefill_tokens} + worst-case sampling progress {progress} "
                               f"exceeds max_kv_length {ctx.max_kv_length}; shorten the prefill or the steps")
         plan += [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points]
+        # a draft-off step runs the bucket's smallest tier, so it needs that tier captured
+        plan += [ProbePoint(b, b, index, ctx.prefill_tokens, draft_off=True)
+                 for b in settings.request_buckets if settings.draft_off and b in geometry.rows_for(b)]
     return tuple(plan)
 
 
@@ -159,7 +168,7 @@ def resolve_plan(draft_width: int, geometry: Geometry, kv_limit: int, file: Cali
     if "draft_width" in given and given["draft_width"] != draft_width:
         raise ConfigError(f"calibration draft_width {given['draft_width']} does not match "
                           f"num_speculative_tokens={draft_width}")
-    values = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "request_buckets": geometry.request_buckets,
+    values = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "draft_off": True, "request_buckets": geometry.request_buckets,
               "contexts": (ContextInterval(1, 1, 1),)}  # placeholder until the progress is known
     values.update(given)
     values["draft_width"] = draft_width

@@ -22,17 +22,21 @@ from dspark_core.calibration.plan import CalibrationPlan, ProbePoint
 from dspark_core.costs.base import CostSample
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError
-from dspark_core.policy import TierChoice, TierContext, allocate_split
+from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split
 
 
 @frozen
 class ForcedTier:
-    """A budget policy pinned to one captured tier (calibration only)."""
+    """A budget policy pinned to one captured tier, drafting or not (calibration only)."""
 
     rows: int
+    draft: bool = True
     name: str = "forced-tier"
     uses_draft: bool = True
     tier_lag: int = 0
+
+    def plan(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:
+        return StepPlan(draft=self.draft)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         if self.rows not in ctx.tiers:
@@ -54,7 +58,7 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
         if report.live_requests == point.request_bucket:
             stamps.append(time.perf_counter())
 
-    saved_policy, engine.policy = engine.policy, ForcedTier(point.target_rows)
+    saved_policy, engine.policy = engine.policy, ForcedTier(point.target_rows, not point.draft_off)
     engine.add_observer(observe)
     requests = []
     try:
@@ -79,7 +83,7 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
         start = stamps[warmup - 1 + w * settings.window_steps]
         end = stamps[warmup - 1 + (w + 1) * settings.window_steps]
         samples.append(CostSample(point.request_bucket, point.target_rows, point.context_index, end - start,
-                                  settings.window_steps))
+                                  settings.window_steps, point.draft_off))
     return samples
 
 
@@ -93,7 +97,8 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True) -> list[
     samples: list[CostSample] = []
     bar = tqdm(plan.points, desc="calibrating", unit="point", disable=not progress, leave=False)
     for point in bar:
-        bar.set_postfix_str(f"bucket={point.request_bucket} rows={point.target_rows} ctx={point.context_index}")
+        rows = "draft-off" if point.draft_off else point.target_rows
+        bar.set_postfix_str(f"bucket={point.request_bucket} rows={rows} ctx={point.context_index}")
         samples += probe_point(engine, point, plan, generator)
         engine.work.profiling_runs += 1
     engine.reset_counters()  # serving statistics start at ready
@@ -104,7 +109,14 @@ def points_summary(points: Sequence[ProbePoint]) -> dict[str, list[int]]:
     """Rows probed per bucket (for the audit and logs)."""
     out: dict[str, list[int]] = {}
     for p in points:
+        if p.draft_off:
+            continue  # listed apart (draft_off_summary)
         out.setdefault(str(p.request_bucket), [])
         if p.target_rows not in out[str(p.request_bucket)]:
             out[str(p.request_bucket)].append(p.target_rows)
     return out
+
+
+def draft_off_summary(points: Sequence[ProbePoint]) -> list[int]:
+    """Buckets probed with the draft off (for the audit and logs)."""
+    return sorted({p.request_bucket for p in points if p.draft_off})

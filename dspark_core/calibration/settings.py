@@ -105,6 +105,9 @@ class CalibrationSettings:
     token_seed: int
     # None: every legal captured tier of every bucket (resolved by the plan).
     target_graph_rows: TargetRows | None = field(default=None, converter=_normalize_rows)
+    # also probe one draft-off point (no draft, one row per request) per bucket, so the
+    # adaptive policy may skip the draft on steps where drafting does not pay
+    draft_off: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not self.model:

@@ -25,7 +25,8 @@ class CostSample:
     """One calibration window: ``steps`` complete decode intervals took ``seconds``.
 
     ``context`` is the index of the interval in the calibration settings, or
-    the interval itself.
+    the interval itself. ``draft_off`` marks a window of draft-off steps (no
+    draft run, ``target_rows`` = the bucket: one row per request).
     """
 
     request_bucket: int
@@ -33,10 +34,14 @@ class CostSample:
     context: int | ContextInterval
     seconds: float
     steps: int
+    draft_off: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.steps < 1 or not self.seconds > 0:
             raise ConfigError(f"a cost sample needs steps >= 1 and seconds > 0, got {self.steps} steps in {self.seconds} s")
+        if self.draft_off and self.target_rows != self.request_bucket:
+            raise ConfigError(f"a draft-off sample runs one row per request: bucket {self.request_bucket} "
+                              f"needs target_rows {self.request_bucket}, got {self.target_rows}")
 
     @property
     def step_seconds(self) -> float:
@@ -52,23 +57,51 @@ class Measurement:
     target_rows: int
     step_seconds: float
     windows: int
+    draft_off: bool = False  # a draft-off point (tables written before it existed load as False)
 
 
 def pool_samples(samples: Iterable[CostSample]) -> tuple[Measurement, ...]:
-    """Pool windows per (bucket, rows): total seconds / total steps, sorted by point."""
-    seconds: dict[tuple[int, int], float] = defaultdict(float)
-    steps: dict[tuple[int, int], int] = defaultdict(int)
-    windows: dict[tuple[int, int], int] = defaultdict(int)
+    """Pool windows per (bucket, rows, draft off): total seconds / total steps, sorted by point."""
+    seconds: dict[tuple[int, int, bool], float] = defaultdict(float)
+    steps: dict[tuple[int, int, bool], int] = defaultdict(int)
+    windows: dict[tuple[int, int, bool], int] = defaultdict(int)
     for s in samples:
-        key = (s.request_bucket, s.target_rows)
+        key = (s.request_bucket, s.target_rows, s.draft_off)
         seconds[key] += s.seconds
         steps[key] += s.steps
         windows[key] += 1
-    return tuple(Measurement(b, g, seconds[(b, g)] / steps[(b, g)], windows[(b, g)]) for b, g in sorted(seconds))
+    return tuple(Measurement(*key[:2], seconds[key] / steps[key], windows[key], key[2]) for key in sorted(seconds))
+
+
+def drafting_samples(samples: Iterable[CostSample]) -> list[CostSample]:
+    """The samples of steps that ran the draft (what the (bucket, rows) surface is fitted on)."""
+    return [s for s in samples if not s.draft_off]
+
+
+def draft_off_seconds(samples: Iterable[CostSample]) -> dict[int, float]:
+    """Mean full-step seconds of draft-off steps per bucket (total seconds / total steps).
+
+    A draft-off step has one cost parameter of its own per bucket, so the
+    least-squares fit of that parameter is this pooled mean.
+    """
+    return {m.request_bucket: m.step_seconds for m in pool_samples(s for s in samples if s.draft_off)}
+
+
+def check_draft_off_params(buckets: Sequence[int], seconds: Sequence[float], model: str) -> None:
+    """Saved draft-off costs: one positive value per bucket, buckets positive and ascending."""
+    if len(buckets) != len(seconds):
+        raise ConfigError(f"{model} params: draft_off_seconds needs one value per draft_off_buckets entry")
+    if list(buckets) != sorted(set(buckets)) or (buckets and buckets[0] < 1):
+        raise ConfigError(f"{model} params: draft_off_buckets must be positive, ascending and unique, got {list(buckets)}")
+    if any(not v > 0 for v in seconds):
+        raise ConfigError(f"{model} params: draft_off_seconds must be > 0, got {list(seconds)}")
 
 
 def check_grid(points: Iterable[tuple[int, int]], draft_width: int, model: str) -> None:
-    """Every probed row count must be legal, and every bucket needs its full-width tier."""
+    """Every probed row count must be legal, and every bucket needs its full-width tier.
+
+    ``points`` are the drafting points only; draft-off points are checked by :class:`CostSample`.
+    """
     by_bucket: dict[int, set[int]] = defaultdict(set)
     for bucket, rows in points:
         legal = legal_tiers(bucket, draft_width)
@@ -104,6 +137,8 @@ class Coverage:
 
     spans: tuple[RowSpan, ...] = field(converter=tuple)
     any_bucket: tuple[int, int] | None = None
+    # buckets with a calibrated draft-off step cost (empty: the policy never turns the draft off)
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
 
     def covers(self, request_bucket: int, target_rows: int, draft_width: int) -> bool:
         """True when the point is legal for ``draft_width`` and inside a span."""
@@ -163,6 +198,12 @@ class FittedCost(Protocol):
 
     def predict_seconds(self, request_bucket: int, target_rows: int) -> float | None:
         """Full-step seconds at the point, or None when the point is not covered."""
+
+    def predict_draft_off_seconds(self, request_bucket: int) -> float | None:
+        """Full-step seconds of a draft-off step (no draft, one row per request), or None.
+
+        Optional: a fit without this method is treated as having no draft-off cost.
+        """
 
     @property
     def coverage(self) -> Coverage:

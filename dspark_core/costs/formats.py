@@ -202,7 +202,7 @@ def render_json(value: Any, indent: int = 0) -> str:
     pad = "  " * (indent + 1)
     if isinstance(value, Mapping) and not any(isinstance(v, (Mapping, list, tuple)) for v in value.values()):
         flat = json.dumps(value, allow_nan=False)
-        if len(flat) <= 100:  # small records (spans, measurements) stay on one line
+        if len(flat) <= 120:  # small records (spans, measurements) stay on one line
             return flat
     if isinstance(value, Mapping) and value:
         items = [f"{pad}{json.dumps(str(k))}: {render_json(v, indent + 1)}" for k, v in value.items()]

@@ -53,7 +53,22 @@ def describe_table(table: CostTable) -> list[str]:
             for start in range(0, len(cells), PER_LINE):
                 head = f"    {label:<11}" if start == 0 else " " * 15
                 lines.append(head + "  ".join(cells[start : start + PER_LINE]))
+        off = _draft_off_points(fit)
+        if off:
+            lines.append("  predicted draft-off step cost, ms (no draft, one row per request):")
+            lines.append("    " + "  ".join(f"bucket {b}: {ms:.3f}" for b, ms in off))
+        else:
+            lines.append("  no draft-off cost: the adaptive policy always runs the draft with this table")
     return lines
+
+
+def _draft_off_points(fit: IntervalFit) -> list[tuple[int, float]]:
+    """(bucket, ms) of every bucket with a draft-off cost."""
+    predict = getattr(fit.cost, "predict_draft_off_seconds", None)  # optional for third-party fits
+    if predict is None:
+        return []
+    points = [(b, predict(b)) for b in fit.coverage.draft_off_buckets]
+    return [(b, s * 1000) for b, s in points if s is not None]
 
 
 def _flat(value: object, prefix: str = "") -> list[tuple[str, object]]:
@@ -85,10 +100,13 @@ def plot_table(table: CostTable, output: str | Path) -> Path:
         for label, points in _points(fit, table.draft_width):
             (line,) = ax.plot([g for g, _ in points], [ms for _, ms in points], label=f"{label} fit")
             colours[label] = line.get_color()
-        for i, m in enumerate(fit.measurements):
+        labelled: set[bool] = set()
+        for m in fit.measurements:
             colour = colours.get(f"bucket {m.request_bucket}", "black")
-            label = "measured" if i == 0 else None
-            ax.scatter([m.target_rows], [m.step_seconds * 1000], color=colour, s=14, zorder=3, label=label)
+            label = None if m.draft_off in labelled else ("measured, draft off" if m.draft_off else "measured")
+            labelled.add(m.draft_off)
+            ax.scatter([m.target_rows], [m.step_seconds * 1000], color=colour, s=28 if m.draft_off else 14,
+                       marker="x" if m.draft_off else "o", zorder=3, label=label)
         title = "every KV length" if fit.context is None else fit.context.describe()
         ax.set(title=f"{table.model}, K={table.draft_width}: {title}", xlabel="target rows G", ylabel="full-step ms")
         ax.legend(fontsize="small")

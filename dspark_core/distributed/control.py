@@ -88,7 +88,9 @@ def decode_prefill(payload: list[int]) -> tuple[list[list[int]], list[int]]:
 
 
 def encode_decode(step: DecodeStep, slots: Sequence[int]) -> list[int]:
-    return [len(slots), step.tier_context.request_bucket, int(step.policy.uses_draft), *slots]  # type: ignore[attr-defined]
+    # the draft flag is the step's own: the policy may plan a draft-off step
+    drafts = bool(step.draft and step.policy.uses_draft)  # type: ignore[attr-defined]
+    return [len(slots), step.tier_context.request_bucket, int(drafts), *slots]
 
 
 # -- the budget decision, broadcast inside the step ------------------------------------
@@ -250,11 +252,13 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     live, bucket, uses_draft = payload[:3]
     slots = payload[3 : 3 + live]
     device = engine.runner.device
-    policy = ReplayDecision(bool(uses_draft), live, group, device)
+    # the worker's own policy says whether a draft exists (its context is extended every
+    # step); whether this step runs it is rank 0's decision
+    policy = ReplayDecision(engine.policy.uses_draft, live, group, device)
     width = engine.config.draft_width
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
     step = DecodeStep(engine.runner, engine.storage, policy, ctx, torch.tensor(slots, dtype=torch.int64, device=device),
-                      torch.zeros(live, dtype=torch.int64, device=device))
+                      torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft))
     engine._device_decode(step)
     return live
 

@@ -33,3 +33,14 @@ class TierCosts:
             values = np.array([np.nan if c is None else c for c in costs], dtype=np.float64)
             self._cache[key] = None if np.isnan(values).all() else values
         return self._cache[key]
+
+    def draft_off_for_step(self, bucket: int, kv_length: int) -> float | None:
+        """Seconds of a draft-off step of ``bucket``; None when the table has no such cost."""
+        if self.table is None:
+            return None
+        fit = self.table.fit_for(kv_length)
+        if fit is None:
+            return None
+        # fits from cost models that predate draft-off steps simply lack the method
+        predict = getattr(fit.cost, "predict_draft_off_seconds", None)
+        return None if predict is None else predict(bucket)

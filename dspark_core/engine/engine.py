@@ -9,8 +9,10 @@ at once without schedule overlap, one step later with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -27,7 +29,7 @@ from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
 from dspark_core.graphs import GraphBackend
 from dspark_core.plugins import Hooks, default_hooks
-from dspark_core.policy import TierContext
+from dspark_core.policy import TierContext, observe_step, plan_step
 
 
 class Engine:
@@ -54,7 +56,10 @@ class Engine:
         self.costs = TierCosts(self.geometry)
         self.tokenizer = getattr(target, "tokenizer", None)
         self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
-        self._steps = self._fallbacks = self._committed = 0
+        self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
+        self._decode_index = 0  # decode steps built so far; a step's confidences are keyed by it
+        # the newest launched decode step and its requests (for the lag-1 early proposal)
+        self._last_decode: tuple[DecodeStep, list[Request]] | None = None
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
         self._observers: list[Callable[[StepReport], None]] = []
         self.work = StartupWork()
@@ -86,7 +91,7 @@ class Engine:
 
     def reset_counters(self) -> None:
         """Zero the step counters (calibration steps are not serving steps)."""
-        self._steps = self._fallbacks = self._committed = 0
+        self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
 
     def install_table(self, table) -> None:
         """Install an immutable cost table before serving."""
@@ -147,32 +152,70 @@ class Engine:
         running = list(self.scheduler.running)
         if running:
             step = self._build_step(running)
-            self.queue.submit("decode", running, self._device_decode, step, context=step.tier_context)
+            self.queue.submit("decode", running, self._device_decode, step, context=step)
         while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
             self._process(*self.queue.pop_oldest(), finished)
         return finished
 
     def _build_step(self, running: list[Request]) -> DecodeStep:
-        """Host-side preparation of a decode step (overlaps the previous step's execution)."""
+        """Host-side preparation of a decode step (overlaps the previous step's execution).
+
+        The tier is chosen from confidences exactly ``tier_lag`` steps old. What
+        the host can see without waiting depends on schedule overlap: without it
+        every earlier step is processed (age >= 1 is free); with it the previous
+        step is still running, so age 2 is free, age 1 waits for that step's
+        proposal (not its verify), and age 0 is decided inside the step itself.
+        """
         width, n = self.config.draft_width, len(running)
+        index = self._decode_index
+        self._decode_index += 1
         bucket = self.geometry.bucket_for(n)
         kv = max(r.length for r in running) + 2 * (width + 1)
-        ctx = TierContext(bucket, n, width, self.geometry.rows_for(bucket), self.costs.for_step(bucket, kv))
+        tiers = self.geometry.rows_for(bucket)
+        draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
+        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
         device = self.runner.device
         # verifying past max_tokens is wasted work: the bonus token always commits
-        caps = torch.tensor([max(0, min(width, r.remaining - 1)) for r in running], dtype=torch.int64, device=device)
-        step = DecodeStep(self.runner, self.storage, self.policy, ctx,
-                          torch.tensor([r.slot for r in running], dtype=torch.int64, device=device), caps)
+        cap_values = np.array([max(0, min(width, r.remaining - 1)) for r in running], dtype=np.int64)
         lag = self.policy.tier_lag
-        if self.queue.depth > 1 or lag > 0:
-            step.tier_confidences = np.stack([self._known_confidences(r, max(lag, 1)) for r in running])
+        if lag == 1:
+            self._take_early_proposal(index - 1)
+        # the plan (draft or not) uses the freshest confidences the host holds; with lag >= 1
+        # that is exactly the tier's input, with lag 0 the step's own proposal does not exist yet
+        known = np.stack([self._confidences_up_to(r, index - max(lag, 1)) for r in running])
+        plan = plan_step(self.policy, ctx, known, cap_values)
+        ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
+        step = DecodeStep(self.runner, self.storage, self.policy, ctx,
+                          torch.tensor([r.slot for r in running], dtype=torch.int64, device=device),
+                          torch.from_numpy(cap_values).to(device), draft=plan.draft, index=index)
+        if lag > 0:
+            step.tier_confidences = known
+        if plan.draft and self.queue.depth > 1 and self._wants_early_proposal():
+            step.proposal_ready = Future()
+        self._last_decode = (step, running)
         return step
 
-    def _known_confidences(self, request: Request, lag: int) -> np.ndarray:
-        history = request.confidence_history
-        if not history:  # nothing drafted yet: assume every token survives (full width)
-            return np.ones(self.config.draft_width)
-        return history[-lag] if len(history) >= lag else history[0]
+    def _wants_early_proposal(self) -> bool:
+        return self.policy.tier_lag == 1
+
+    def _take_early_proposal(self, index: int) -> None:
+        """Record step ``index``'s confidences before its results are processed (lag 1 with overlap)."""
+        if self._last_decode is None:
+            return
+        last, requests = self._last_decode
+        if last.index != index or last.proposal_ready is None:
+            return
+        confidences = last.proposal_ready.result()
+        for row, request in enumerate(requests):
+            _remember(request, index, confidences[row])
+
+    def _confidences_up_to(self, request: Request, index: int) -> np.ndarray:
+        """The request's newest drafted confidences from a step no later than ``index``
+        (all ones when it has none: assume every drafted token survives, i.e. full width)."""
+        for step_index, confidences in reversed(request.confidence_history):
+            if step_index <= index:
+                return confidences
+        return np.ones(self.config.draft_width)
 
     def _device_prefill(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
         first = self.runner.prefill(prompts, slots)
@@ -181,11 +224,16 @@ class Engine:
         return first.tolist()
 
     def _device_decode(self, step: DecodeStep) -> StepResult:
-        proposal = self.hooks.propose(step)
-        budget = self.hooks.select_budget(step, proposal)
-        verification = self.hooks.verify(step, proposal, budget)
-        self.hooks.commit(step, verification)
-        return collect(proposal, budget, verification)
+        try:
+            proposal = self.hooks.propose(step)
+            budget = self.hooks.select_budget(step, proposal)
+            verification = self.hooks.verify(step, proposal, budget)
+            self.hooks.commit(step, verification)
+            return collect(proposal, budget, verification)
+        except BaseException as exc:
+            if step.proposal_ready is not None and not step.proposal_ready.done():
+                step.proposal_ready.set_exception(exc)  # the host may be waiting for it
+            raise
 
     def _process(self, job: Job, result: Any, finished: list[RequestOutput]) -> None:
         """Apply a finished job's results to its requests (already-finished ones are skipped)."""
@@ -193,15 +241,19 @@ class Engine:
             for request, token in zip(job.requests, result):
                 self._append(request, [token], finished)
         else:
+            step: DecodeStep = job.context
+            ctx = step.tier_context
             self._steps += 1
             self._fallbacks += int(result.choice.fallback)
-            if self._observers:
-                report = StepReport(len(job.requests), job.context.request_bucket, result.choice.rows,
-                                    tuple(result.lengths), tuple(result.accepted), result.choice.fallback,
-                                    result.choice.predicted_tokens, sum(a + 1 for a in result.accepted),
-                                    job.context.tiers, job.context.tier_costs)
-                for observer in self._observers:
-                    observer(report)
+            self._draft_off_steps += int(not result.drafted)
+            report = StepReport(len(job.requests), ctx.request_bucket, result.choice.rows,
+                                tuple(result.lengths), tuple(result.accepted), result.choice.fallback,
+                                result.choice.predicted_tokens, sum(a + 1 for a in result.accepted),
+                                ctx.tiers, ctx.tier_costs, draft_off=not result.drafted,
+                                draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale)
+            observe_step(step.policy, report)
+            for observer in self._observers:
+                observer(report)
             for i, request in enumerate(job.requests):
                 if request.finish_reason is not None:
                     continue  # finished on an earlier result; this step's tokens are past its end
@@ -210,7 +262,9 @@ class Engine:
                 stats.drafted_verified += result.lengths[i]
                 stats.drafted_accepted += result.accepted[i]
                 stats.verify_widths.append(result.lengths[i])
-                request.confidence_history.append(result.confidences[i])
+                stats.draft_off_steps += int(not result.drafted)
+                if result.drafted:
+                    _remember(request, step.index, result.confidences[i])
                 self._append(request, result.committed[i][: result.accepted[i] + 1], finished)
         self._release_idle_slots()
 
@@ -247,8 +301,15 @@ class Engine:
 
     @property
     def counters(self) -> EngineCounters:
-        return EngineCounters(self._steps, self._fallbacks, self._committed)
+        return EngineCounters(self._steps, self._fallbacks, self._committed, self._draft_off_steps)
 
     def close(self) -> None:
         """Stop the device executor (pending work finishes first)."""
         self.queue.close()
+
+
+def _remember(request: Request, step_index: int, confidences: np.ndarray) -> None:
+    """Keep a step's drafted confidences once (the lag-1 path may have delivered them early)."""
+    history = request.confidence_history
+    if not history or history[-1][0] != step_index:
+        history.append((step_index, confidences))

@@ -35,6 +35,9 @@ class StepReport:
     committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
     tiers: tuple[int, ...] = ()  # captured tiers of the bucket
     tier_costs: Any = None  # their calibrated seconds (None: no profile) — for model-based accounting
+    draft_off: bool = False  # the step ran no draft
+    draft_off_cost: float | None = None  # calibrated seconds of a draft-off step of this bucket
+    forecast_scale: float = 1.0  # the scale the policy applied to the confidences' expectation
 
 
 @define
@@ -52,3 +55,4 @@ class EngineCounters:
     steps: int
     fallback_steps: int
     committed_tokens: int
+    draft_off_steps: int = 0

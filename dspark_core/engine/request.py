@@ -40,6 +40,7 @@ class RequestStats:
     drafted_verified: int = 0
     drafted_accepted: int = 0
     verify_widths: list[int] = field(factory=list)
+    draft_off_steps: int = 0  # steps that ran no draft (one token committed)
 
     @property
     def acceptance(self) -> float:
@@ -64,8 +65,8 @@ class Request:
     finish_reason: str | None = None
     stats: RequestStats = field(factory=RequestStats)
     text: str = ""  # detokenized output, set when stop strings are checked or at finish
-    # confidences of the request's last two drafted blocks as the host received them
-    confidence_history: deque[np.ndarray] = field(factory=lambda: deque(maxlen=2))
+    # (decode-step index, confidences) of the request's last drafted blocks as the host received them
+    confidence_history: deque[tuple[int, np.ndarray]] = field(factory=lambda: deque(maxlen=4))
 
     @property
     def length(self) -> int:

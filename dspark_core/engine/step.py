@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from concurrent.futures import Future
+
 from attrs import define, frozen
 
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
-from dspark_core.policy import TierChoice, TierContext
+from dspark_core.policy import TierChoice, TierContext, draft_off_choice
 from dspark_kernels.accept_commit import Acceptance, commit_tokens, gather_target_tokens
 from dspark_kernels.pack import PackedRows
 
@@ -58,9 +60,15 @@ class DecodeStep:
     tier_context: TierContext
     slots: torch.Tensor  # [n] KV slot of each running request
     caps: torch.Tensor  # [n] most drafted tokens each request may verify
-    # Confidences the host had when it scheduled the step (one or two steps old);
-    # None: decide the tier on the current proposal (lag 0, no pipelining).
+    # Confidences the host had when it scheduled the step, exactly ``tier_lag`` steps old;
+    # None: decide the tier on this step's own proposal (lag 0).
     tier_confidences: np.ndarray | None = None
+    # False: a draft-off step (the policy's plan): no proposal, one target row per request
+    draft: bool = True
+    index: int = 0  # the engine's decode-step counter when the step was built
+    # set to the host copy of the confidences right after the proposal, when the host
+    # building the next step waits for them (tier_lag 1 with schedule overlap)
+    proposal_ready: Future | None = None
 
 
 @frozen
@@ -73,22 +81,31 @@ class StepResult:
     confidences: np.ndarray  # [n, K]
     choice: TierChoice
 
+    @property
+    def drafted(self) -> bool:
+        """False for a draft-off step (its confidences are zeros, not a proposal)."""
+        return not self.choice.draft_off
+
 
 def propose(step: DecodeStep) -> Proposal:
-    """Draft K tokens per request (zeros when the policy runs no draft)."""
+    """Draft K tokens per request (zeros when the policy runs no draft, or not this step)."""
     n, width = step.slots.shape[0], step.runner.draft_width
-    if not step.policy.uses_draft:  # type: ignore[attr-defined]
+    if not step.draft or not step.policy.uses_draft:  # type: ignore[attr-defined]
         zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
         return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
     anchors, positions = step.storage.anchors(step.slots)
     tokens, confidences = step.runner.propose(anchors, positions, step.slots)
     step.storage.record_proposal(step.slots, tokens, confidences)
+    if step.proposal_ready is not None:
+        step.proposal_ready.set_result(confidences.float().cpu().numpy().astype(np.float64))
     return Proposal(tokens, confidences.float())
 
 
 def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
     """Tier from the host's (possibly older) confidences; split with the current ones."""
     policy = step.policy
+    if not step.draft:  # the plan turned the draft off: anchors only, nothing to split
+        return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
     tier_confidences = step.tier_confidences
     if tier_confidences is None:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
@@ -111,8 +128,9 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
     real_rows = int(packed.row_offsets[-1])
     if hidden is not None and step.policy.uses_draft:  # type: ignore[attr-defined]
-        # the draft's context learns the target's view of every real row; rejected rows
-        # sit past the new anchor and are overwritten before they are ever attended
+        # the draft's context learns the target's view of every real row (draft-off steps
+        # included, so drafting can resume at any step); rejected rows sit past the new
+        # anchor and are overwritten before they are ever attended
         runner.extend_draft_context(hidden[:real_rows], packed.positions[:real_rows], packed.row_slots[:real_rows])
     return Verification(packed, acceptance, real_rows)
 

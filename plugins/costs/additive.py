@@ -18,8 +18,11 @@ from attrs import field, frozen
 from dspark_core.components import Component
 from dspark_core.costs.base import (
     Coverage,
+    check_draft_off_params,
     CostSample,
     check_grid,
+    draft_off_seconds,
+    drafting_samples,
     interpolate,
     pool_samples,
     spans_within,
@@ -41,6 +44,10 @@ class AdditiveParams:
     alpha_seconds: tuple[float, ...] = field(converter=tuple)
     target_rows: tuple[int, ...] = field(converter=tuple)
     theta_seconds: tuple[float, ...] = field(converter=tuple)
+    # draft-off steps have their own per-bucket term instead of alpha + theta (no draft,
+    # Bcap rows); fitted as the pooled mean of their windows. Empty in older tables.
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
+    draft_off_seconds: tuple[float, ...] = field(default=(), converter=tuple)
 
 
 @frozen
@@ -60,6 +67,7 @@ class AdditiveFit:
         for name, values in (("request_buckets", p.request_buckets), ("target_rows", p.target_rows)):
             if list(values) != sorted(set(values)) or values[0] < 1:
                 raise ConfigError(f"additive params: {name} must be positive, ascending and unique, got {list(values)}")
+        check_draft_off_params(p.draft_off_buckets, p.draft_off_seconds, NAME)
 
     def predict_seconds(self, request_bucket: int, target_rows: int) -> float | None:
         """bias + alpha(bucket) + theta(rows), or None outside the fitted coverage."""
@@ -73,11 +81,19 @@ class AdditiveFit:
             return None
         return p.bias_seconds + p.alpha_seconds[p.request_buckets.index(request_bucket)] + theta
 
+    def predict_draft_off_seconds(self, request_bucket: int) -> float | None:
+        """The bucket's draft-off step cost, or None when it was not probed."""
+        p = self.p
+        if request_bucket not in p.draft_off_buckets:
+            return None
+        return p.draft_off_seconds[p.draft_off_buckets.index(request_bucket)]
+
     @property
     def coverage(self) -> Coverage:
         """Each fitted bucket, at its legal rows inside the probed theta span."""
         rows = self.p.target_rows
-        return Coverage(spans_within(self.p.request_buckets, rows[0], rows[-1], self.draft_width))
+        return Coverage(spans_within(self.p.request_buckets, rows[0], rows[-1], self.draft_width),
+                        draft_off_buckets=self.p.draft_off_buckets)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -88,6 +104,8 @@ class AdditiveFit:
             "alpha_seconds": list(p.alpha_seconds),
             "target_rows": list(p.target_rows),
             "theta_seconds": list(p.theta_seconds),
+            "draft_off_buckets": list(p.draft_off_buckets),
+            "draft_off_seconds": list(p.draft_off_seconds),
         }
 
 
@@ -125,7 +143,8 @@ def _check_connected(points: Sequence[tuple[int, int]]) -> None:
 
 def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit:
     """Least-squares fit of one interval's samples (each point weighted by its windows)."""
-    measured = pool_samples(samples)
+    off = draft_off_seconds(samples)
+    measured = pool_samples(drafting_samples(samples))
     points = [(m.request_bucket, m.target_rows) for m in measured]
     check_grid(points, draft_width, NAME)
     _check_connected(points)
@@ -152,7 +171,8 @@ def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit
         raise ConfigError(f"additive: the probe grid leaves {ncols - rank} parameter(s) undetermined")
     alpha = (0.0, *(float(v) for v in solution[1 : len(buckets)]))
     theta = (0.0, *(float(v) for v in solution[len(buckets) :]))
-    fit = AdditiveFit(draft_width, AdditiveParams(float(solution[0]), buckets, alpha, rows, theta))
+    fit = AdditiveFit(draft_width, AdditiveParams(float(solution[0]), buckets, alpha, rows, theta,
+                                                  sorted(off), [off[b] for b in sorted(off)]))
     _check_positive(fit)
     return fit
 

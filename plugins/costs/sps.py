@@ -18,7 +18,10 @@ from dspark_core.components import Component
 from dspark_core.costs.base import (
     Coverage,
     CostSample,
+    check_draft_off_params,
     check_grid,
+    draft_off_seconds,
+    drafting_samples,
     interpolate,
     spans_within,
     structure_params,
@@ -45,6 +48,9 @@ class SpsParams:
     steps_per_second: tuple[float, ...] = field(converter=tuple)
     request_buckets: tuple[int, ...] | None = field(default=None, converter=_optional_tuple)
     max_rows: int | None = None
+    # measured steps per second of draft-off steps (no draft, Bcap rows), per bucket
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
+    draft_off_steps_per_second: tuple[float, ...] = field(default=(), converter=tuple)
 
 
 @frozen
@@ -64,6 +70,7 @@ class SpsFit:
             raise ConfigError("sps params: steps_per_second needs one value per target_rows entry")
         if any(not v > 0 for v in p.steps_per_second):
             raise ConfigError(f"sps params: steps_per_second must be > 0, got {list(p.steps_per_second)}")
+        check_draft_off_params(p.draft_off_buckets, p.draft_off_steps_per_second, NAME)
 
     @property
     def _top(self) -> int:
@@ -86,6 +93,13 @@ class SpsFit:
         sps = self.steps_per_second(target_rows)
         return None if sps is None else 1.0 / sps
 
+    def predict_draft_off_seconds(self, request_bucket: int) -> float | None:
+        """1 / SPS of the bucket's draft-off steps, or None when they were not probed."""
+        p = self.p
+        if request_bucket not in p.draft_off_buckets:
+            return None
+        return 1.0 / p.draft_off_steps_per_second[p.draft_off_buckets.index(request_bucket)]
+
     def predict_ms(self, request_bucket: int, target_rows: int) -> float | None:
         """The same cost in milliseconds: 1000 / SPS(G)."""
         if self.predict_seconds(request_bucket, target_rows) is None:
@@ -97,10 +111,10 @@ class SpsFit:
     @property
     def coverage(self) -> Coverage:
         """Probed buckets (or any bucket) at legal rows inside the table's span."""
-        low = self.p.target_rows[0]
+        low, off = self.p.target_rows[0], self.p.draft_off_buckets
         if self.p.request_buckets is None:
-            return Coverage((), (low, self._top))
-        return Coverage(spans_within(self.p.request_buckets, low, self._top, self.draft_width))
+            return Coverage((), (low, self._top), draft_off_buckets=off)
+        return Coverage(spans_within(self.p.request_buckets, low, self._top, self.draft_width), draft_off_buckets=off)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -110,11 +124,15 @@ class SpsFit:
             "steps_per_second": list(p.steps_per_second),
             "request_buckets": None if p.request_buckets is None else list(p.request_buckets),
             "max_rows": p.max_rows,
+            "draft_off_buckets": list(p.draft_off_buckets),
+            "draft_off_steps_per_second": list(p.draft_off_steps_per_second),
         }
 
 
 def fit_sps(samples: Sequence[CostSample], draft_width: int) -> SpsFit:
-    """SPS(G) = total steps / total seconds over every window probed at G."""
+    """SPS(G) = total steps / total seconds over every window probed at G (draft-off windows apart)."""
+    off = draft_off_seconds(samples)
+    samples = drafting_samples(samples)
     check_grid([(s.request_bucket, s.target_rows) for s in samples], draft_width, NAME)
     steps: dict[int, int] = defaultdict(int)
     seconds: dict[int, float] = defaultdict(float)
@@ -123,7 +141,9 @@ def fit_sps(samples: Sequence[CostSample], draft_width: int) -> SpsFit:
         seconds[s.target_rows] += s.seconds
     rows = sorted(steps)
     buckets = sorted({s.request_bucket for s in samples})
-    return SpsFit(draft_width, SpsParams(rows, [steps[g] / seconds[g] for g in rows], buckets))
+    return SpsFit(draft_width, SpsParams(rows, [steps[g] / seconds[g] for g in rows], buckets,
+                                         draft_off_buckets=sorted(off),
+                                         draft_off_steps_per_second=[1.0 / off[b] for b in sorted(off)]))
 
 
 @frozen

@@ -8,20 +8,62 @@ staircase and stopping at the first drop misses later, better tiers. Ties go
 to the smaller tier. An optional minimum gain keeps full width unless the best
 tier beats it by that fraction. Without a calibrated profile the step runs the
 prewarmed full-width path and says so (``fallback``).
+
+Two things keep adaptive from ever losing to target-only decoding:
+
+* **Draft-off steps.** When the table has a calibrated draft-off cost, the
+  host plans each step: if one token per request at the draft-off cost beats
+  the best drafting tier, the step runs no draft at all.
+* **Honest forecasts.** Confidences from a draft's head are often optimistic
+  (and the tier is picked from older ones). The policy keeps running sums of
+  the drafted tokens it expected and the ones the target accepted, decayed per
+  drafted step, and scales the expectation by their ratio.
+
+While the draft is off nothing new is learnt, so every so often the policy
+drafts anyway (a *probe*) and judges that step with the raw confidences. The
+gap between probes doubles after each probe that finds drafting still not
+worth it, up to ``max_probe_interval`` steps, and resets as soon as drafting
+pays again; see docs/plugins.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from attrs import frozen
+from attrs import define, field, frozen
 
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import TierChoice, TierContext, allocate_split, full_width_choice, sorted_survival_prefix
+from dspark_core.policy import (StepPlan, TierChoice, TierContext, allocate_split, full_width_choice,
+                                sorted_survival_prefix)
+
+if TYPE_CHECKING:
+    from dspark_core.engine.records import StepReport
+
+FIRST_PROBE_INTERVAL = 4
+
+
+@define
+class DraftLearning:
+    """What the policy has learnt from realized acceptance (mutable, one per policy instance)."""
+
+    decay: float = 0.7  # weight of the past per drafted step (about three steps of memory)
+    expected: float = 2.0  # decayed sum of drafted tokens the raw confidences expected ...
+    accepted: float = 2.0  # ... and of those the target accepted (equal priors: scale 1)
+    off_streak: int = 0  # draft-off steps planned since the last drafted one
+    probe_interval: int = FIRST_PROBE_INTERVAL
+
+    @property
+    def scale(self) -> float:
+        """Accepted / expected, bounded so one unlucky stretch cannot zero the forecast."""
+        return float(min(2.0, max(0.05, self.accepted / self.expected)))
+
+    def record(self, expected: float, accepted: float) -> None:
+        self.expected = self.decay * self.expected + expected
+        self.accepted = self.decay * self.accepted + accepted
 
 
 @frozen
@@ -32,12 +74,17 @@ class AdaptivePolicy:
     tier_lag: int = 0
     name: str = "adaptive"
     uses_draft: bool = True
+    draft_off: bool = True  # may plan draft-off steps when the table has their cost
+    forecast_correction: bool = True  # scale expectations by realized / predicted
+    max_probe_interval: int = 32
+    learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and tokens/second of every captured tier (NaN where not covered)."""
         gains = sorted_survival_prefix(confidences, caps)
         draft_rows = np.minimum(np.asarray(ctx.tiers) - ctx.request_bucket, len(gains) - 1)
-        expected = ctx.live_requests + gains[draft_rows]
+        # a scaled expectation can never exceed the drafted tokens actually verified
+        expected = ctx.live_requests + np.minimum(ctx.forecast_scale * gains[draft_rows], draft_rows)
         return expected, expected / ctx.tier_costs
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
@@ -54,6 +101,33 @@ class AdaptivePolicy:
 
     split = staticmethod(allocate_split)
 
+    def plan(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:
+        """Draft or not, from the freshest confidences the host holds (see the module docstring)."""
+        scale = self.learning.scale if self.forecast_correction else 1.0
+        if not self.draft_off or ctx.draft_off_cost is None or ctx.tier_costs is None:
+            return StepPlan(draft=True, forecast_scale=scale)
+        _, rate = self.scores(TierContext(ctx.request_bucket, ctx.live_requests, ctx.draft_width, ctx.tiers,
+                                          ctx.tier_costs, ctx.draft_off_cost, scale), confidences, caps)
+        best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
+        if not best_drafting <= ctx.live_requests / ctx.draft_off_cost:  # NaN (nothing covered) drafts
+            self.learning.off_streak = 0
+            self.learning.probe_interval = FIRST_PROBE_INTERVAL
+            return StepPlan(draft=True, forecast_scale=scale)
+        if self.learning.off_streak >= self.learning.probe_interval:
+            self.learning.off_streak = 0
+            self.learning.probe_interval = min(2 * self.learning.probe_interval, self.max_probe_interval)
+            return StepPlan(draft=True, probe=True, forecast_scale=1.0)
+        self.learning.off_streak += 1
+        return StepPlan(draft=False, forecast_scale=scale)
+
+    def observe(self, report: StepReport) -> None:
+        """Learn realized / expected drafted tokens from a processed drafting step."""
+        if report.draft_off or report.fallback or not np.isfinite(report.predicted_tokens):
+            return
+        raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
+        if raw_expected > 0:
+            self.learning.record(raw_expected, float(sum(report.accepted)))
+
 
 def _options(name: str, options: Mapping[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(options) - allowed)
@@ -61,17 +135,31 @@ def _options(name: str, options: Mapping[str, Any], allowed: set[str]) -> None:
         raise ConfigError(f"budget policy {name!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
 
 
+def _flag(name: str, options: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"budget policy {name!r}: {key} must be true or false, got {value!r}")
+    return value
+
+
 @hookimpl
 def dspark_components() -> list[Component]:
-    return [Component("budget_policy", "adaptive", "argmax of expected tokens/second over all captured tiers")]
+    return [Component("budget_policy", "adaptive",
+                      "argmax of expected tokens/second over all captured tiers and a draft-off step")]
 
 
 @hookimpl
 def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolicy | None:
     if name != "adaptive":
         return None
-    _options(name, options, {"min_gain", "tier_lag"})
-    lag = int(options.get("tier_lag", 0))
-    if lag not in (0, 1, 2):
-        raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag}")
-    return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag)
+    _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval"})
+    lag = options.get("tier_lag", 0)
+    if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
+        raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
+    interval = options.get("max_probe_interval", 32)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ConfigError(f"budget policy 'adaptive': max_probe_interval must be an integer >= 1, got {interval!r}")
+    return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag,
+                          draft_off=_flag(name, options, "draft_off", True),
+                          forecast_correction=_flag(name, options, "forecast_correction", True),
+                          max_probe_interval=interval)

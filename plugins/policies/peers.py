@@ -147,5 +147,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> Any:
             raise ConfigError(f"budget policy 'threshold': h must be in [0, 1], got {h}")
         return ThresholdPolicy(h)
     if name == "min-gain":
-        return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.04)), name="min-gain")
+        # other engines' rule: no draft-off steps and no forecast correction
+        return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.04)), name="min-gain", draft_off=False,
+                              forecast_correction=False)
     return ArgmaxNoTier() if name == "argmax-notier" else StaleArgmax()

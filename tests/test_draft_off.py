@@ -1,0 +1,309 @@
+"""Draft-off steps, learning when drafting pays again, and the real age of the tier's confidences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
+from dspark_core.costs.base import CostSample, pool_samples
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.engine.records import StepReport
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError, TableError
+from dspark_core.geometry import legal_tiers
+from dspark_core.plugins import default_hooks
+from dspark_core.policy import TierContext
+from dspark_core.table import default_lookup, fit_table, loads_table, dumps_table
+from engine_support import greedy_references, random_prompts, tiny_pair
+
+WIDTH = 5
+PHASE = 24  # generated tokens per quality phase of the switching draft
+
+
+def table_with_draft_off(buckets=(1, 2, 4), *, off_seconds=0.012, model="additive"):
+    """A calibrated-looking table: drafting steps cost 20 ms + 1 ms per row, draft-off steps ``off_seconds``."""
+    samples = [CostSample(b, g, 0, 4 * (0.02 + 0.001 * g), 4) for b in buckets for g in legal_tiers(b, WIDTH)]
+    samples += [CostSample(b, b, 0, 4 * (off_seconds + 0.0005 * b), 4, draft_off=True) for b in buckets]
+    settings = CalibrationSettings(model=model, draft_width=WIDTH, request_buckets=buckets,
+                                   contexts=(ContextInterval(64, 1, 4096),), warmup_steps=1, window_steps=4,
+                                   windows_per_point=1, token_seed=1)
+    return fit_table(settings, samples, default_lookup())
+
+
+# -- cost models -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["additive", "sps"])
+def test_cost_models_fit_save_and_load_the_draft_off_cost(model):
+    table = table_with_draft_off(model=model)
+    fit = table.fits[0]
+    for b in (1, 2, 4):
+        assert fit.cost.predict_draft_off_seconds(b) == pytest.approx(0.012 + 0.0005 * b)
+        # the drafting surface is fitted on drafting samples only
+        assert fit.cost.predict_seconds(b, b) == pytest.approx(0.02 + 0.001 * b, rel=0.05)
+    assert fit.cost.predict_draft_off_seconds(8) is None
+    assert fit.coverage.draft_off_buckets == (1, 2, 4)
+    pooled = pool_samples([CostSample(1, 1, 0, 0.4, 4, draft_off=True), CostSample(1, 1, 0, 0.6, 4, draft_off=True),
+                           CostSample(1, 1, 0, 0.8, 4)])
+    assert [(m.draft_off, m.step_seconds, m.windows) for m in pooled] == [(False, 0.2, 1), (True, 0.125, 2)]
+    again = loads_table(dumps_table(table), default_lookup())
+    assert again == table and again.fits[0].cost.predict_draft_off_seconds(2) == pytest.approx(0.013)
+
+
+def test_a_table_without_draft_off_cost_stays_valid_and_never_turns_the_draft_off():
+    params = {"bias_seconds": 0.02, "request_buckets": [1], "alpha_seconds": [0.0], "target_rows": [1, 6],
+              "theta_seconds": [0.0, 0.005]}
+    table = loads_table('{"model": "additive", "draft_width": 5, "params": %s}' % str(params).replace("'", '"'),
+                        default_lookup())
+    assert table.fits[0].cost.predict_draft_off_seconds(1) is None
+    policy = default_hooks().budget_policy("adaptive", {})
+    ctx = TierContext(1, 1, WIDTH, tuple(legal_tiers(1, WIDTH)), np.full(6, 0.02), None)
+    assert all(policy.plan(ctx, np.zeros((1, WIDTH)), np.array([WIDTH])).draft for _ in range(50))
+
+
+def test_draft_off_samples_must_run_one_row_per_request():
+    with pytest.raises(ConfigError, match="draft-off sample runs one row per request: bucket 2 needs target_rows 2"):
+        CostSample(2, 4, 0, 1.0, 4, draft_off=True)
+    with pytest.raises(TableError, match="draft_off_seconds must be > 0"):
+        loads_table('{"model": "additive", "draft_width": 5, "params": {"bias_seconds": 0.02, '
+                    '"request_buckets": [1], "alpha_seconds": [0.0], "target_rows": [1, 6], "theta_seconds": [0, 0.1],'
+                    '"draft_off_buckets": [1], "draft_off_seconds": [-1.0]}}', default_lookup())
+
+
+# -- the plan --------------------------------------------------------------------------------
+
+def context(off_cost=0.012, scale=1.0):
+    tiers = tuple(legal_tiers(1, WIDTH))
+    return TierContext(1, 1, WIDTH, tiers, np.array([0.02 + 0.001 * g for g in tiers]), off_cost, scale)
+
+
+def test_plan_turns_the_draft_off_only_when_one_token_at_the_draft_off_cost_beats_every_tier():
+    policy = default_hooks().budget_policy("adaptive", {})
+    caps = np.array([WIDTH])
+    assert policy.plan(context(), np.full((1, WIDTH), 0.9), caps).draft  # drafting pays
+    assert not policy.plan(context(), np.full((1, WIDTH), 0.05), caps).draft  # it does not
+    # the same weak draft with a draft-off step that saves nothing: keep drafting
+    assert policy.plan(context(off_cost=0.021), np.full((1, WIDTH), 0.05), caps).draft
+    # other engines' rule keeps drafting whatever it costs
+    assert default_hooks().budget_policy("min-gain", {}).plan(context(), np.full((1, WIDTH), 0.05), caps).draft
+
+
+def test_probing_backs_off_while_drafting_does_not_pay_and_resets_when_it_does():
+    policy = default_hooks().budget_policy("adaptive", {"max_probe_interval": 16})
+    weak, strong, caps = np.full((1, WIDTH), 0.05), np.full((1, WIDTH), 0.9), np.array([WIDTH])
+    plans = [policy.plan(context(), weak, caps) for _ in range(60)]
+    probes = [i for i, p in enumerate(plans) if p.draft]
+    assert all(plans[i].probe and plans[i].forecast_scale == 1.0 for i in probes)
+    assert np.diff(probes).tolist() == [9, 17, 17]  # gaps of 4, 8, 16 (capped) off-steps between probes
+    assert policy.plan(context(), strong, caps).draft  # a good proposal turns drafting back on ...
+    plans = [policy.plan(context(), weak, caps) for _ in range(6)]
+    assert [p.draft for p in plans] == [False] * 4 + [True, False]  # ... and the backoff starts over
+
+
+def test_observed_acceptance_scales_the_forecast():
+    policy = default_hooks().budget_policy("adaptive", {})
+    report = StepReport(1, 1, 6, (5,), (0,), False, predicted_tokens=1 + 4.0, committed_tokens=1)
+    for _ in range(10):
+        policy.observe(report)  # expected 4 drafted tokens, none accepted
+    assert policy.learning.scale == pytest.approx(0.05)
+    # now the forecast of a 0.9-confidence block is far below one extra token: not worth drafting
+    plan = policy.plan(context(), np.full((1, WIDTH), 0.9), np.array([WIDTH]))
+    assert not plan.draft
+    # with the correction off the same policy trusts the confidences
+    trusting = default_hooks().budget_policy("adaptive", {"forecast_correction": False})
+    for _ in range(10):
+        trusting.observe(report)
+    assert trusting.plan(context(), np.full((1, WIDTH), 0.9), np.array([WIDTH])).draft
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"draft_off": "yes"}, "draft_off must be true or false"),
+    ({"max_probe_interval": 0}, "max_probe_interval must be an integer >= 1"),
+    ({"tier_lag": True}, "tier_lag must be 0, 1 or 2"),
+])
+def test_new_options_are_validated(options, match):
+    with pytest.raises(ConfigError, match=match):
+        default_hooks().budget_policy("adaptive", options)
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_pair(seed=11)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(3, seed=7)
+
+
+@pytest.fixture(scope="module")
+def references(models, prompts):
+    return greedy_references(models[0], prompts, 4 * PHASE)
+
+
+class SwitchingDraft:
+    """Test double: drafts the target's true continuation in good phases and wrong tokens in
+    useless ones, always claiming confidence 0.9, so only realized acceptance tells them apart.
+    The phase follows the generated-token index of the anchor: good, useless, good, useless."""
+
+    def __init__(self, draft, prompts, references) -> None:
+        self.inner = draft
+        self.config = draft.config
+        self.truth = {tuple(p): list(p) + r for p, r in zip(prompts, references)}
+        self.engine = None
+
+    def bind_target(self, target):
+        self.inner.bind_target(target)
+        return self
+
+    def allocate_context(self, num_slots, max_len):
+        return self.inner.allocate_context(num_slots, max_len)
+
+    def extend_context(self, hidden, positions, slot_of_row):
+        self.inner.extend_context(hidden, positions, slot_of_row)
+
+    def propose(self, anchors, positions, slots):
+        tokens, confidences = self.inner.propose(anchors, positions, slots)
+        confidences.fill_(0.9)
+        for r in range(tokens.shape[0]):
+            request = next((q for q in list(self.engine.scheduler.running) if q.slot == int(slots[r])), None)
+            if request is None:
+                continue
+            pos, seq = int(positions[r]), self.truth[tuple(request.prompt)]
+            good = ((pos - len(request.prompt) + 1) // PHASE) % 2 == 0
+            for j, tok in enumerate(seq[pos + 1 : pos + 1 + tokens.shape[1]]):
+                tokens[r, j] = tok if good else (tok + 1) % self.config.target_vocab_size
+        return tokens, confidences
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_switching_draft_exact_and_drafting_follows_quality(models, prompts, references, overlap, batch):
+    target, draft = models
+    double = SwitchingDraft(draft, prompts, references)
+    engine = Engine(target, double, EngineConfig(draft_width=WIDTH, request_buckets=(1, 2, 4), max_model_len=160,
+                                                 schedule_overlap=overlap))
+    double.engine = engine
+    engine.install_table(table_with_draft_off())
+    phases: list[tuple[bool, bool, int]] = []  # (good phase, drafted, committed) per step, one request tracked
+    tracked = engine.add_request(prompts[0], SamplingParams(max_tokens=4 * PHASE, ignore_eos=True))
+    others = [engine.add_request(p, SamplingParams(max_tokens=4 * PHASE, ignore_eos=True)) for p in prompts[1:batch]]
+
+    def observe(report: StepReport) -> None:
+        produced = len(tracked.output)
+        if tracked.finish_reason is None and produced < 4 * PHASE:
+            phases.append(((produced // PHASE) % 2 == 0, not report.draft_off, report.accepted[0] + 1))
+
+    engine.add_observer(observe)
+    done = {}
+    while len(done) < batch:
+        done.update({o.request_id: o for o in engine.step()})
+    engine.close()
+    for request, reference in zip([tracked, *others], references):
+        assert list(done[request.request_id].token_ids) == reference
+    good = [s for s in phases if s[0]]
+    useless = [s for s in phases if not s[0]]
+    # useless phases: mostly draft-off steps (a few drafted ones while the policy learns, plus probes)
+    assert sum(not drafted for _, drafted, _ in useless) >= 0.6 * len(useless)
+    # good phases: drafting resumes and pays (several tokens per step on average)
+    assert sum(committed for *_, committed in good) / len(good) > 2.0
+    assert engine.counters.draft_off_steps > 0
+
+
+def test_draft_off_steps_extend_the_draft_context(models, prompts):
+    """After draft-off steps the draft proposes exactly what it would have without them."""
+    target, draft = models
+    prompt = prompts[0]
+
+    def first_proposal_after(steps_off: int, policy: str):
+        engine = Engine(target, draft, EngineConfig(draft_width=WIDTH, request_buckets=(1,), max_model_len=160,
+                                                    policy=policy))
+        if policy == "adaptive":
+            engine.install_table(table_with_draft_off((1,), off_seconds=0.0001))  # off whenever it may
+        request = engine.add_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+        while len(request.output) < steps_off + 1:
+            engine.step()
+        anchors, positions = engine.storage.anchors(torch.tensor([request.slot]))
+        proposal = engine.runner.propose(anchors, positions, torch.tensor([request.slot]))
+        engine.close()
+        return len(request.output), proposal, engine.counters
+
+    # target-only steps through the draft-off path vs the same tokens committed by fixed k=0 steps
+    produced_off, (tokens_off, conf_off), counters = first_proposal_after(3, "adaptive")
+    assert counters.draft_off_steps >= 1
+    fixed = Engine(target, draft, EngineConfig(draft_width=WIDTH, request_buckets=(1,), max_model_len=160,
+                                               policy="fixed", policy_options={"k": 0}))
+    request = fixed.add_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+    while len(request.output) < produced_off:
+        fixed.step()
+    anchors, positions = fixed.storage.anchors(torch.tensor([request.slot]))
+    tokens_k0, conf_k0 = fixed.runner.propose(anchors, positions, torch.tensor([request.slot]))
+    fixed.close()
+    assert torch.equal(tokens_off, tokens_k0)
+    assert torch.allclose(conf_off, conf_k0)
+
+
+# -- the age of the tier's confidences ---------------------------------------------------------
+
+class StampingDraft:
+    """Test double: every proposal's confidences encode the number of the step that made it."""
+
+    def __init__(self, draft) -> None:
+        self.inner = draft
+        self.config = draft.config
+        self.calls = 0
+
+    def bind_target(self, target):
+        self.inner.bind_target(target)
+        return self
+
+    def allocate_context(self, num_slots, max_len):
+        return self.inner.allocate_context(num_slots, max_len)
+
+    def extend_context(self, hidden, positions, slot_of_row):
+        self.inner.extend_context(hidden, positions, slot_of_row)
+
+    def propose(self, anchors, positions, slots):
+        tokens, confidences = self.inner.propose(anchors, positions, slots)
+        self.calls += 1
+        return tokens, torch.full_like(confidences, 0.5 + self.calls / 10000)
+
+
+class AgeRecorder:
+    """Wraps a policy; on every tier decision records how many steps old its confidences are."""
+
+    def __init__(self, inner, draft: StampingDraft) -> None:
+        self.inner, self.draft = inner, draft
+        self.name, self.uses_draft, self.tier_lag = inner.name, True, inner.tier_lag
+        self.ages: list[int] = []
+
+    def choose_tier(self, ctx, confidences, caps):
+        value = float(confidences[0, 0])
+        if value != 1.0:  # 1.0: nothing drafted that long ago yet
+            self.ages.append(self.draft.calls - round((value - 0.5) * 10000))
+        return self.inner.choose_tier(ctx, confidences, caps)
+
+    def split(self, *args):
+        return self.inner.split(*args)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("policy,options,lag", [("adaptive", {"tier_lag": 0}, 0), ("adaptive", {"tier_lag": 1}, 1),
+                                                ("adaptive", {"tier_lag": 2}, 2), ("stale-argmax", {}, 1),
+                                                ("argmax-notier", {}, 2)])
+def test_tier_confidences_are_exactly_tier_lag_steps_old(models, prompts, references, policy, options, lag, overlap):
+    target, draft = models
+    stamping = StampingDraft(draft)
+    engine = Engine(target, stamping, EngineConfig(draft_width=WIDTH, request_buckets=(1,), max_model_len=160,
+                                                   schedule_overlap=overlap))
+    engine.install_table(table_with_draft_off((1,), off_seconds=1.0))  # draft-off never pays here
+    recorder = AgeRecorder(default_hooks().budget_policy(policy, options), stamping)
+    engine.policy = recorder
+    out = engine.generate([prompts[0]], SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.close()
+    assert list(out[0].token_ids) == references[0][:30]
+    assert len(recorder.ages) >= out[0].steps - lag - 1
+    assert set(recorder.ages) == {lag}
