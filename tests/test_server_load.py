@@ -137,9 +137,12 @@ def test_engine_failure_fails_requests_cleanly(served):
 
     service.call(lambda e: setattr(e, "step", explode)).result(10)
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "temperature": 0, "max_tokens": 5}, timeout=30)
-    assert r.status_code == 500 and "device lost" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert r.status_code == 500 and error["code"] == "engine_failed" and "RuntimeError" in error["message"]
+    assert "device lost" not in error["message"]  # the exception's text stays in the server log
     wait_until(lambda: service.failure is not None)
-    assert httpx.get(srv.url + "/health").status_code == 503
+    health = httpx.get(srv.url + "/health")
+    assert health.status_code == 503 and "device lost" not in health.text
     assert httpx.get(srv.url + "/ready").status_code == 503
     after = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "temperature": 0, "max_tokens": 5})
     assert after.status_code == 503 and "engine" in after.json()["error"]["message"]

@@ -12,7 +12,9 @@ from dspark_core.server.schema import ApiError, check_lengths, parse_request
 from dspark_core.server.testing import byte_tokenizer
 
 TOKENIZER = byte_tokenizer()
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+# JSON proper: json.dumps would write inf as `Infinity`, which is not JSON (refused as invalid_json)
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
                     max_leaves=8)
 FIELDS = st.sampled_from(["prompt", "messages", "temperature", "max_tokens", "stream", "stop", "n", "model", "top_p",

@@ -13,9 +13,9 @@ Modules: :mod:`.service` (engine thread, admission, cancellation),
 """
 
 from dspark_core.server.app import build_app
-from dspark_core.server.http import BackgroundServer, serve_http
+from dspark_core.server.http import BackgroundServer, HttpLimits, serve_http
 from dspark_core.server.metrics import ServerMetrics
 from dspark_core.server.schema import ApiError
 from dspark_core.server.service import AsyncEngineService
 
-__all__ = ["ApiError", "AsyncEngineService", "BackgroundServer", "ServerMetrics", "build_app", "serve_http"]
+__all__ = ["ApiError", "AsyncEngineService", "BackgroundServer", "HttpLimits", "ServerMetrics", "build_app", "serve_http"]

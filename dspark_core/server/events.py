@@ -63,8 +63,9 @@ def shutting_down() -> ApiError:
 
 
 def engine_failed(status: int, exc: BaseException) -> ApiError:
-    return ApiError(status, f"the engine failed and is not serving: {exc!r}", code="engine_failed",
-                    kind="server_error")
+    # the exception's text stays in the server log: it may describe internals
+    return ApiError(status, f"the engine failed and is not serving ({type(exc).__name__}; details are in the "
+                    "server log)", code="engine_failed", kind="server_error")
 
 
 def overloaded(pending: int, limit: int) -> ApiError:

@@ -9,6 +9,8 @@ from typing import Any
 
 MAX_STOP_STRINGS = 4
 CHAT_ROLES = ("system", "user", "assistant")
+# content part types of OpenAI's chat API that carry something other than text
+NON_TEXT_PARTS = ("image_url", "input_audio", "file", "refusal", "video_url", "audio_url")
 
 
 class ApiError(Exception):
@@ -35,8 +37,14 @@ JSON_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", l
                type(None): "null"}
 
 
+def json_name(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a number out of range"  # 1e999 parses to inf
+    return JSON_NAMES.get(type(value), type(value).__name__)
+
+
 def _type_error(param: str, expected: str, value: Any) -> ApiError:
-    return bad(param, f"expected {expected}, got {JSON_NAMES.get(type(value), type(value).__name__)}", "invalid_type")
+    return bad(param, f"expected {expected}, got {json_name(value)}", "invalid_type")
 
 
 def _is_int(value: Any) -> bool:
@@ -47,11 +55,23 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and not (isinstance(value, float) and not math.isfinite(value))
 
 
+def check_unicode(name: str, value: str) -> str:
+    """Refuse strings a tokenizer cannot encode: JSON's \\uXXXX escapes can produce lone UTF-16 surrogates."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(name, f"contains a lone surrogate U+{ord(value[exc.start]):04X} at character {exc.start} "
+                  "(an unpaired \\ud800-\\udfff escape); text must be valid Unicode") from None
+    return value
+
+
 # -- field checkers: (name, value) -> normalised value -----------------------------
 def string(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise _type_error(name, "string", value)
-    return value
+    return check_unicode(name, value)
 
 
 def boolean(name: str, value: Any) -> bool:
@@ -112,6 +132,8 @@ def stop(name: str, value: Any) -> tuple[str, ...]:
         raise bad(name, f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
     if any(s == "" for s in items):
         raise bad(name, "stop strings must not be empty")
+    for i, s in enumerate(items):
+        check_unicode(name if isinstance(value, str) else f"{name}[{i}]", s)
     return tuple(items)
 
 
@@ -130,7 +152,7 @@ def prompt(name: str, value: Any) -> str | list[int]:
     if isinstance(value, str):
         if not value:
             raise bad(name, "must not be empty")
-        return value
+        return check_unicode(name, value)
     if isinstance(value, list) and all(_is_int(t) for t in value):
         if not value:
             raise bad(name, "must not be empty")
@@ -138,7 +160,37 @@ def prompt(name: str, value: Any) -> str | list[int]:
     raise _type_error(name, "string or array of token ids (integers)", value)
 
 
+def content(name: str, value: Any) -> str:
+    """A message's content: a string, or an array of text parts (joined with newlines)."""
+    if isinstance(value, str):
+        return check_unicode(name, value)
+    if not isinstance(value, list):
+        raise _type_error(name, "string or array of text parts", value)
+    if not value:
+        raise bad(name, "must not be empty (send a string or at least one text part)")
+    texts = []
+    for j, part in enumerate(value):
+        where = f"{name}[{j}]"
+        if not isinstance(part, dict):
+            raise _type_error(where, 'object {"type": "text", "text": ...}', part)
+        if "type" not in part:
+            raise bad(f"{where}.type", "required", "missing_field")
+        kind = string(f"{where}.type", part["type"])
+        if kind != "text":
+            known = "is not supported" if kind in NON_TEXT_PARTS else "is not a known content part type"
+            raise bad(f"{where}.type", f"{kind!r} {known}: this server reads text only (send a string or "
+                      "parts of type 'text')", "unsupported_value")
+        for key in part:
+            if key not in ("type", "text"):
+                raise bad(f"{where}.{key}", "unknown field (a text part has type and text)", "unknown_field")
+        if "text" not in part:
+            raise bad(f"{where}.text", "required", "missing_field")
+        texts.append(string(f"{where}.text", part["text"]))
+    return "\n".join(texts)
+
+
 def messages(name: str, value: Any) -> list[dict[str, str]]:
+    """Chat messages as ``{"role", "content"[, "name"]}`` dicts; text parts are joined into one string."""
     if not isinstance(value, list):
         raise _type_error(name, "array of message objects", value)
     if not value:
@@ -157,12 +209,12 @@ def messages(name: str, value: Any) -> list[dict[str, str]]:
         role = string(f"{where}.role", message["role"])
         if role not in CHAT_ROLES:
             raise bad(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
-        content = string(f"{where}.content", message["content"])
+        checked = {"role": role, "content": content(f"{where}.content", message["content"])}
         if "name" in message:
-            string(f"{where}.name", message["name"])
-        out.append({"role": role, "content": content})
+            checked["name"] = string(f"{where}.name", message["name"])
+            if not checked["name"]:
+                raise bad(f"{where}.name", "must not be empty")
+        out.append(checked)
     if all(not m["content"] for m in out):
         raise bad(name, "every message is empty")
     return out
-
-

@@ -3,17 +3,140 @@
 On SIGINT/SIGTERM uvicorn stops accepting connections and lets in-flight
 responses finish (up to ``graceful_timeout`` seconds); then the app's lifespan
 drains the engine service and stops its thread.
+
+Connections are guarded by :class:`HttpLimits` (uvicorn alone has no limit on
+how long a client may take to send its request head): a request head must
+arrive within ``header_timeout`` seconds (a partial one is answered 408, an
+idle connection just closed), heads are capped in size, idle keep-alive
+connections close after ``keep_alive_timeout`` seconds, and connections beyond
+``max_connections`` are answered 503 at once. Every such refusal carries the
+OpenAI error body. Slow request bodies are the app's business (``build_app``'s
+``body_timeout``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import threading
 import time
 
+import h11
 import uvicorn
+from attrs import frozen
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from dspark_core.server.fields import ApiError
+
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 503: "Service Unavailable"}
+
+
+@frozen
+class HttpLimits:
+    """Per-connection limits of the HTTP server (see the module docstring)."""
+
+    header_timeout: float = 10.0
+    keep_alive_timeout: int = 5
+    max_header_bytes: int = 32 * 1024
+    max_connections: int = 512
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus deadlines on request heads and drained bodies, a connection cap and
+    JSON protocol errors.
+
+    One timer per connection: while the connection waits for a request head
+    it bounds the head (``header_timeout``); after an early response (a 413,
+    415, ...) while the unread body is still arriving and being discarded, it
+    bounds that too. While the app handles a request it is off: the app bounds
+    body reads itself.
+    """
+
+    limits = HttpLimits()
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._timer = None
+        self._timer_kind: str | None = None
+        if len(self.connections) > self.limits.max_connections:
+            self._answer(ApiError(503, f"too many open connections (limit {self.limits.max_connections}); retry "
+                                  "later", code="too_many_connections", kind="overloaded_error"))
+            return
+        self._update_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_long(data):
+            self.send_400_response("request head too long")
+            return
+        super().data_received(data)
+        self._update_deadline()
+
+    def _head_too_long(self, data: bytes) -> bool:
+        """h11 checks its size limit only while a head is incomplete, so a big head that arrives
+        in one read would pass: measure it here."""
+        pending = self.conn.trailing_data[0] + data
+        ends = [i for i in (pending.find(b"\r\n\r\n"), pending.find(b"\n\n")) if i >= 0]
+        return (min(ends) if ends else len(pending)) > self.limits.max_header_bytes
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._update_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._set_timer(None)
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self._set_timer(None)
+        self._answer(ApiError(400, "malformed HTTP request: bad request line or header syntax, or a request head "
+                              f"over {self.limits.max_header_bytes} bytes", code="bad_http_request"))
+
+    def _update_deadline(self) -> None:
+        if self.transport.is_closing():
+            self._set_timer(None)
+        elif self.conn.their_state is h11.IDLE:
+            self._set_timer("head")
+        elif self.conn.our_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED):
+            self._set_timer("drain")  # answered before the body was read: it is being discarded
+        else:
+            self._set_timer(None)
+
+    def _set_timer(self, kind: str | None) -> None:
+        if kind is not None and kind == getattr(self, "_timer_kind", None):
+            return  # already running: a trickle of bytes does not extend the deadline
+        timer = getattr(self, "_timer", None)
+        if timer is not None:
+            timer.cancel()
+        self._timer, self._timer_kind = None, kind
+        if kind is not None:
+            self._timer = self.loop.call_later(self.limits.header_timeout, self._expired, kind)
+
+    def _expired(self, kind: str) -> None:
+        self._timer = self._timer_kind = None
+        if self.transport.is_closing():
+            return
+        if kind == "head" and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._answer(ApiError(408, f"request head: not received within {self.limits.header_timeout:g} s",
+                                  code="request_timeout"))
+        else:  # an idle connection, or a discarded body that keeps coming: nothing left to answer
+            self.transport.close()
+
+    def _answer(self, error: ApiError) -> None:
+        """Write a complete error response outside h11's state machine and close the connection."""
+        body = json.dumps(error.body()).encode()
+        head = [f"HTTP/1.1 {error.status} {_REASONS.get(error.status, 'Error')}", "content-type: application/json",
+                f"content-length: {len(body)}", "connection: close"]
+        if error.status == 503:
+            head.append("retry-after: 1")
+        self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        self.transport.close()
+
+
+def protocol_with(limits: HttpLimits) -> type[GuardedH11Protocol]:
+    """The protocol class uvicorn instantiates per connection, bound to ``limits``."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
 
 
 class _Server(uvicorn.Server):
@@ -37,16 +160,20 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def _config(app, host: str, port: int, log_level: str, graceful_timeout: float | None) -> uvicorn.Config:
+def _config(app, host: str, port: int, log_level: str, graceful_timeout: float | None,
+            limits: HttpLimits | None) -> uvicorn.Config:
     timeout = None if graceful_timeout is None else max(1, int(graceful_timeout))
+    limits = limits or HttpLimits()
     return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=False,
-                          timeout_graceful_shutdown=timeout)
+                          timeout_graceful_shutdown=timeout, http=protocol_with(limits),
+                          timeout_keep_alive=limits.keep_alive_timeout,
+                          h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
 def serve_http(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
-               graceful_timeout: float | None = 30.0) -> None:
+               graceful_timeout: float | None = 30.0, limits: HttpLimits | None = None) -> None:
     """Serve ``app`` until SIGINT/SIGTERM, then shut down gracefully and return."""
-    server = _Server(_config(app, host, port, log_level, graceful_timeout))
+    server = _Server(_config(app, host, port, log_level, graceful_timeout, limits))
     server.run()
     if not server.started:
         raise OSError(f"the HTTP server could not start on {host}:{port} (see the log above)")
@@ -59,13 +186,13 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 graceful_timeout: float | None = 10.0) -> None:
+                 graceful_timeout: float | None = 10.0, limits: HttpLimits | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self.server = uvicorn.Server(_config(app, self.host, self.port, log_level, graceful_timeout))
+        self.server = uvicorn.Server(_config(app, self.host, self.port, log_level, graceful_timeout, limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="dspark-http", daemon=True)
 

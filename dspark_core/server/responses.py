@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -131,18 +132,55 @@ class TextDeltas:
         return rest
 
 
-async def read_body(request, limit: int) -> bytes:
-    """The request body, or a 413 ApiError as soon as it is known to exceed ``limit`` bytes."""
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+def check_content_type(value: str | None) -> None:
+    """Generation bodies must be ``application/json`` (UTF-8): anything else is a 415.
+
+    Browsers send cross-site form posts (``text/plain``, form encodings) without
+    a CORS preflight; refusing them keeps other web pages from starting
+    generations on a server they can reach.
+    """
+    def refuse(message: str) -> ApiError:
+        return ApiError(415, f"Content-Type: {message}", code="unsupported_media_type")
+
+    if value is None:
+        raise refuse("missing; send the body as application/json")
+    media, _, parameters = value.partition(";")
+    shown = value if len(value) <= 100 else value[:100] + "..."
+    if media.strip().lower() != "application/json":
+        raise refuse(f"expected application/json, got {shown!r}")
+    for parameter in parameters.split(";"):
+        key, _, charset = parameter.partition("=")
+        charset = charset.strip().strip('"').lower()
+        if key.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise refuse(f"charset {charset!r} is not supported; JSON bodies must be UTF-8 (got {shown!r})")
+
+
+async def read_body(request, limit: int, timeout: float | None = None) -> bytes:
+    """The request body; a 413 ApiError as soon as it is known to exceed ``limit`` bytes, a 408 when it
+    has not fully arrived within ``timeout`` seconds, ClientGone when the client disconnects first."""
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length", "")
     too_big = ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
     if declared.isdigit() and int(declared) > limit:
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"request body: not received within {timeout:g} s ({size} bytes arrived)",
+                       code="request_timeout") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
     return b"".join(chunks)
 
 

@@ -49,7 +49,7 @@ class GenerationRequest:
     chat: bool
     model: str | None
     prompt: str | list[int] | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, str]] | None  # role, content and, when sent, name
     max_tokens: int | None
     stream: bool
     include_usage: bool
@@ -58,11 +58,48 @@ class GenerationRequest:
     return_token_ids: bool
 
 
+class _Refused(ValueError):
+    """A JSON construct the parser accepts but this server refuses (NaN, duplicate keys)."""
+
+
+def _no_constants(name: str) -> Any:
+    raise _Refused(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"duplicate key {dup!r} in an object")
+    return data
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; anything else is a 400 ``invalid_json`` whose message says why.
+
+    Stricter than ``json.loads``: the body must be UTF-8, ``NaN``/``Infinity``
+    and duplicate keys are refused, and inputs that make the parser raise
+    something other than a decode error (integers over Python's digit limit,
+    nesting deeper than the recursion limit) are refused as well.
+    """
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: not UTF-8 (byte 0x{body[exc.start]:02x} at offset "
+                       f"{exc.start})", code="invalid_json") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except _Refused as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON for this server: arrays/objects nested too deeply",
+                       code="invalid_json") from None
+    except ValueError as exc:  # e.g. an integer literal longer than sys.get_int_max_str_digits()
+        reason = ("an integer has too many digits" if "digits" in str(exc) else "a value cannot be read")
+        raise ApiError(400, f"request body is not valid JSON for this server: {reason}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"request body must be a JSON object, got {JSON_NAMES.get(type(data), 'value')}",
                        code="invalid_json")
