@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
-from dspark_core.bench.run import CellRecord, RequestRecord
+from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
 from dspark_core.engine.request import SamplingParams
 from checkpoint_support import write_tiny_pair
@@ -23,21 +24,57 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
         "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}))
     out = tmp_path / "out"
     code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
-                 f"--prompts={prompts}", "--concurrency=1,4", "--prompts_per_concurrency=2,5", "--max_tokens=8",
-                 f"--calibration={cal}", f"--output_dir={out}", "--json"])
+                 f"--prompts={prompts}", "--concurrency=1,4", "--prompts_per_concurrency=1,4", "--max_tokens=6",
+                 "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["exactness"]["identical"] and result["exactness"]["checked_prompts"] == 7
-    policies = {r["policy"] for r in result["results"]}
+    assert result["exactness"]["identical"] and result["exactness"]["checked_prompts"] == 5
+    rows = result["results"]
+    policies = {r["policy"] for r in rows}
     assert policies == {"adaptive", "none", "threshold", "argmax-notier", "stale-argmax", "min-gain"} | {
         f"fixed-k{k}" for k in range(1, 6)}
-    full = [r for r in result["results"] if r["policy"] == "fixed-k5"]
-    assert all(r["vs_fixed_full_width"] == pytest.approx(1.0) for r in full)
-    assert all(r["oracle_model_tokens_per_second"] > 0 for r in full)
-    none = next(r for r in result["results"] if r["policy"] == "none")
+    for row in rows:
+        # three real rounds: each ran every prompt of its concurrency, and every ratio has a spread
+        assert row["rounds"] == 3 and row["requests"] == 3 * row["concurrency"]
+        assert len(row["per_round"]["output_tokens_per_second"]) == 3
+        for ratio in ("vs_fixed_full_width", "vs_best_fixed"):
+            s = row["spread"][ratio]
+            assert 0 < s["min"] <= s["median"] <= s["max"]
+            assert sorted(row["per_round"][ratio])[1] == pytest.approx(s["median"])
+    for c in (1, 4):
+        same = {r["policy"]: r for r in rows if r["concurrency"] == c}
+        best = same["adaptive"]["best_fixed"]
+        assert best == max((p for p in same if p.startswith("fixed-k")),
+                           key=lambda p: same[p]["output_tokens_per_second"])
+        # each round's ratio divides by the baseline's run of that same round
+        for name, row in same.items():
+            mine, theirs = row["per_round"]["output_tokens_per_second"], same[best]["per_round"]["output_tokens_per_second"]
+            assert row["per_round"]["vs_best_fixed"] == pytest.approx([a / b for a, b in zip(mine, theirs)])
+        assert same["fixed-k5"]["oracle_model_tokens_per_second"] > 0 and same["fixed-k5"]["model_tokens_per_second"] > 0
+        assert math.isnan(same["fixed-k4"]["oracle_model_tokens_per_second"])  # only full width knows the oracle
+        # adaptive forecasts every step; fixed widths forecast none
+        assert same["adaptive"]["forecast_steps"] > 0 and same["adaptive"]["predicted_over_realized"] > 0
+        assert same["fixed-k2"]["forecast_steps"] == 0 and math.isnan(same["fixed-k2"]["predicted_over_realized"])
+    none = next(r for r in rows if r["policy"] == "none")
     assert none["mean_verify_width"] == 0 and none["accepted_length"] == pytest.approx(1.0)
-    assert (out / "results.json").is_file() and (out / "results.md").read_text().count("| adaptive |") == 2
+    # the cost table prices a draft `none` never runs: no model or oracle figures for it
+    assert math.isnan(none["model_tokens_per_second"]) and math.isnan(none["model_vs_oracle"])
+    table = (out / "results.md").read_text()
+    assert table.count("| adaptive |") == 2 and "pred/real" in table and "vs best min/med/max" in table
     assert (out / "throughput_tpot.png").stat().st_size > 1000
+
+
+def _cell(policy, walls, tokens=5, *, uses_draft=True, model=0.5, oracle=0.25, predicted=0.0, committed=0):
+    """A pooled cell of len(walls) rounds; each round decodes one request of ``tokens`` tokens."""
+    rounds = []
+    for wall in walls:
+        part = CellRecord(policy, 2, wall_seconds=wall, steps=4, model_seconds=model, oracle_seconds=oracle,
+                          model_steps_covered=4, uses_draft=uses_draft, predicted_tokens=predicted,
+                          forecast_committed=committed, forecast_steps=4 if committed else 0)
+        part.requests = [RequestRecord(0, 0.0, 0.5, 1.5, tuple(range(tokens)), verified=4, accepted=2, steps=2,
+                                       verify_widths=[2, 2])]
+        rounds.append(part)
+    return pool(policy, 2, rounds)
 
 
 def test_summary_definitions_on_a_hand_made_cell():
@@ -52,9 +89,47 @@ def test_summary_definitions_on_a_hand_made_cell():
     assert row["accepted_length"] == pytest.approx((2 + 4) / 4)
     assert row["tpot_ms_mean"] == pytest.approx(1e3 * (0.25 + 0.5) / 2)
     assert row["fallback_rate"] == pytest.approx(0.25)
+    assert row["model_tokens_per_second"] == pytest.approx(6 / 0.5)
     assert row["oracle_model_tokens_per_second"] == pytest.approx(6 / 0.25)
-    add_ratios([row], 2)
-    assert row["vs_best_fixed"] == pytest.approx(1.0) and "| fixed-k2 | 2 |" in markdown([row])
+    assert row["rounds"] == 1 and math.isnan(row["predicted_over_realized"])
+    assert "| fixed-k2 | 2 |" in markdown([row])
+
+
+def test_ratios_and_their_spread_over_rounds():
+    # three rounds; the wall seconds are chosen so every ratio is known by hand
+    cells = [_cell("fixed-k1", [1.0, 1.0, 1.0]),  # 5 tok/s each round
+             _cell("fixed-k2", [0.5, 1.0, 0.25]),  # full width (K=2): 10, 5, 20 tok/s; the best fixed pooled
+             _cell("adaptive", [0.5, 0.5, 0.5], predicted=12.0, committed=8),  # 10 tok/s each round
+             _cell("none", [0.25, 0.5, 1.0], uses_draft=False)]  # 20, 10, 5 tok/s
+    rows = [summarize(c, "fixed-k2") for c in cells]
+    add_ratios(rows, 2)
+    k1, k2, adaptive, none = rows
+    assert k2["output_tokens_per_second"] == pytest.approx(15 / 1.75)
+    assert adaptive["best_fixed"] == "fixed-k2"
+    assert adaptive["vs_fixed_full_width"] == pytest.approx(10 / (15 / 1.75))
+    assert adaptive["per_round"]["vs_best_fixed"] == pytest.approx([1.0, 2.0, 0.5])
+    assert adaptive["spread"]["vs_best_fixed"] == pytest.approx({"min": 0.5, "median": 1.0, "max": 2.0})
+    assert k1["spread"]["vs_fixed_full_width"] == pytest.approx({"min": 0.25, "median": 0.5, "max": 1.0})
+    assert none["spread"]["vs_best_fixed"] == pytest.approx({"min": 0.25, "median": 2.0, "max": 2.0})
+    # model figures: 4 decode tokens per round at 0.5 s modelled; the oracle (read off full width) at 0.25 s
+    assert adaptive["model_vs_oracle"] == pytest.approx(0.5)
+    assert adaptive["spread"]["model_vs_oracle"]["median"] == pytest.approx(0.5)
+    assert adaptive["predicted_over_realized"] == pytest.approx(1.5)
+    assert adaptive["spread"]["predicted_over_realized"]["max"] == pytest.approx(1.5)
+    for key in ("model_tokens_per_second", "oracle_model_tokens_per_second", "model_vs_oracle"):
+        assert math.isnan(none[key])
+    assert math.isnan(none["spread"]["model_vs_oracle"]["median"])
+    table = markdown(rows)
+    assert "| adaptive | 2 |" in table and "| 0.50/1.00/2.00 |" in table and "| 1.50 |" in table
+
+
+def test_round_order_rotates_every_policy_through_different_places():
+    names = ["adaptive", "none"] + [f"fixed-k{k}" for k in range(1, 8)] + ["threshold", "min-gain"]
+    orders = [round_order(names, r, 3) for r in range(3)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for name in names:
+        assert len({o.index(name) for o in orders}) == 3  # a different place each round
+    assert [o[0] for o in orders] == ["adaptive", "fixed-k2", "fixed-k6"]
 
 
 def test_exactness_reports_mismatches():
@@ -63,6 +138,12 @@ def test_exactness_reports_mismatches():
     b.requests = [RequestRecord(0, 0, token_ids=(1, 3))]
     result = exactness([a, b])
     assert not result["identical"] and result["mismatches"][0]["policies"] == ["a", "b"]
+    # one policy disagreeing with itself across rounds is a mismatch too
+    c = CellRecord("a", 1)
+    c.requests = [RequestRecord(0, 0, token_ids=(1, 2))]
+    result = exactness([pool("a", 1, [a, c]), pool("b", 1, [b, c])])
+    assert not result["identical"]
+    assert exactness([pool("a", 1, [a, c]), pool("b", 1, [c, a])])["identical"]
 
 
 def test_bench_against_a_server_over_http():

@@ -1,9 +1,11 @@
 """Policies side by side on one engine: same prompts, same calibration, interleaved runs.
 
 Every (policy, concurrency) cell runs a closed loop: ``concurrency`` requests
-in flight, a new one admitted as soon as one finishes. Prompts are split into
-rounds; in each round every policy runs that round's prompts, in an order
-rotated per round, so machine drift hits all policies alike.
+in flight, a new one admitted as soon as one finishes. A concurrency is run in
+``rounds`` rounds; every round runs every policy on the same prompts, and the
+policy order is rotated by a different offset each round (no policy is always
+first or always after the same neighbour), so machine drift hits all policies
+alike and the spread of a ratio over the rounds shows how noisy it is.
 """
 
 from __future__ import annotations
@@ -47,6 +49,29 @@ class CellRecord:
     model_seconds: float = 0.0  # calibrated cost of the steps this policy ran
     oracle_seconds: float = 0.0  # calibrated cost had each step verified exactly what was accepted
     model_steps_covered: int = 0
+    uses_draft: bool = True  # False: target-only; its model/oracle figures would price a draft it never ran
+    # the policy's forecast of committed tokens summed over the steps that had one, and what those
+    # steps really committed (bonus tokens included)
+    predicted_tokens: float = 0.0
+    forecast_committed: int = 0
+    forecast_steps: int = 0
+    rounds: list[CellRecord] = field(factory=list)  # the per-round cells this one pools (empty: one round)
+
+    def per_round(self) -> list[CellRecord]:
+        """The cell of every round (the cell itself when it was measured in one)."""
+        return self.rounds or [self]
+
+
+def pool(policy: str, concurrency: int, rounds: Sequence[CellRecord]) -> CellRecord:
+    """One cell holding the sum of ``rounds`` (requests, wall time, counters) and the rounds themselves."""
+    cell = CellRecord(policy, concurrency, rounds=list(rounds))
+    for part in rounds:
+        cell.requests += part.requests
+        cell.uses_draft = part.uses_draft
+        for name in ("wall_seconds", "steps", "fallback_steps", "model_seconds", "oracle_seconds",
+                     "model_steps_covered", "predicted_tokens", "forecast_committed", "forecast_steps"):
+            setattr(cell, name, getattr(cell, name) + getattr(part, name))
+    return cell
 
 
 def smallest_tier_cost(report: StepReport, rows: int) -> float | None:
@@ -59,10 +84,19 @@ def smallest_tier_cost(report: StepReport, rows: int) -> float | None:
     return None
 
 
+def step_model_cost(report: StepReport) -> float | None:
+    """Calibrated seconds of the step as it ran: a draft-off step at its draft-free cost."""
+    if getattr(report, "draft_off", False):
+        cost = getattr(report, "draft_off_cost", None)
+        return float(cost) if cost is not None and np.isfinite(cost) else None
+    return smallest_tier_cost(report, report.target_rows)
+
+
 def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int, max_tokens: int,
              cell: CellRecord) -> None:
     """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``."""
     engine.policy = policy
+    cell.uses_draft = bool(getattr(policy, "uses_draft", True))
     params = SamplingParams(max_tokens=max_tokens)
     pending = list(indices)
     live: dict[str, tuple[Any, RequestRecord]] = {}
@@ -70,7 +104,11 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
     def observe(report: StepReport) -> None:
         cell.steps += 1
         cell.fallback_steps += int(report.fallback)
-        model = smallest_tier_cost(report, report.target_rows)
+        if np.isfinite(report.predicted_tokens):
+            cell.predicted_tokens += float(report.predicted_tokens)
+            cell.forecast_committed += report.committed_tokens
+            cell.forecast_steps += 1
+        model = step_model_cost(report)
         oracle = smallest_tier_cost(report, report.request_bucket + sum(report.accepted))
         if model is not None and oracle is not None:
             cell.model_seconds += model
@@ -106,23 +144,33 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
     cell.wall_seconds += time.perf_counter() - started
 
 
+def round_order(names: Sequence[str], round_index: int, rounds: int) -> list[str]:
+    """The policy order of one round: ``names`` rotated by an offset spread evenly over the rounds."""
+    names = list(names)
+    offset = (round_index * len(names)) // max(rounds, 1) % max(len(names), 1)
+    return names[offset:] + names[:offset]
+
+
 def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], concurrencies: Sequence[int],
                   prompts_per_concurrency: Sequence[int], max_tokens: int, rounds: int,
                   progress: Callable[[str], None] | None = None) -> list[CellRecord]:
-    """Every policy at every concurrency, interleaved by rounds."""
+    """Every policy at every concurrency, ``rounds`` times over the same prompts in rotated orders.
+
+    Returns one pooled cell per (policy, concurrency); its ``rounds`` hold the cell of each round.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     cells: list[CellRecord] = []
     names = list(policies)
     for concurrency, count in zip(concurrencies, prompts_per_concurrency, strict=True):
         indices = list(range(min(count, len(prompts))))
-        # a round needs at least `concurrency` prompts, or it would not reach that concurrency
-        chunks = [c for c in np.array_split(indices, max(1, min(rounds, len(indices) // concurrency))) if len(c)]
-        by_name = {name: CellRecord(name, concurrency) for name in names}
-        for r, chunk in enumerate(chunks):
-            order = names[r % len(names):] + names[: r % len(names)]
-            for name in order:
-                run_cell(engine, policies[name], prompts, [int(i) for i in chunk], concurrency, max_tokens,
-                         by_name[name])
+        by_name: dict[str, list[CellRecord]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in round_order(names, r, rounds):
+                cell = CellRecord(name, concurrency)
+                run_cell(engine, policies[name], prompts, indices, concurrency, max_tokens, cell)
+                by_name[name].append(cell)
                 if progress is not None:
-                    progress(f"c={concurrency} round {r + 1}/{len(chunks)} {name}")
-        cells.extend(by_name.values())
+                    progress(f"c={concurrency} round {r + 1}/{rounds} {name}")
+        cells.extend(pool(name, concurrency, by_name[name]) for name in names)
     return cells

@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts_per_concurrency", type=_ints, default=[2, 4, 16],
                         help="Prompts run at each concurrency (same order as --concurrency).")
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="Interleaving rounds per concurrency (at most prompts / concurrency).")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="Rounds per concurrency: each runs every policy on the same prompts, in an order "
+                             "rotated per round; ratios are reported with their min/median/max over the rounds.")
     parser.add_argument("--calibration", default=None,
                         help="Calibration file (in-process mode). Default: configs/demo-calibration.json for K=7, "
                              "configs/demo-calibration-k5.json for K=5.")
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.prompts_per_concurrency) != len(args.concurrency):
         raise SystemExit("--prompts_per_concurrency needs one value per --concurrency value")
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     prompts = _prompts(args.prompts)
     started = time.perf_counter()
     width = args.num_speculative_tokens
@@ -104,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         engine = _engine(args)
         policies = _policies(engine, [n.strip() for n in args.policies.split(",") if n.strip()], width)
-        total = sum(len(policies) * max(1, min(args.rounds, n // c))
-                    for c, n in zip(args.concurrency, args.prompts_per_concurrency))
+        total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
                               args.max_tokens, args.rounds, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
