@@ -119,3 +119,16 @@ def test_bad_policy_options(name, options, match):
 def test_unknown_policy_lists_available():
     with pytest.raises(PluginError, match=r"no budget policy named 'greedy-ish' \(available: adaptive, argmax-notier, fixed, min-gain, none, stale-argmax, threshold\)"):
         default_hooks().budget_policy("greedy-ish")
+
+
+def test_adaptive_ties_go_to_the_smaller_tier():
+    # K=3, bucket 1: one sure token then none, so tiers 2, 3 and 4 all expect 2 tokens; with equal costs
+    # tiers 2 and 3 tie on rate (and both beat full width 4), tier 1 expects 1
+    policy = default_hooks().budget_policy("adaptive", {})
+    conf, caps = np.array([[1.0, 0.0, 0.0]]), np.array([3])
+    ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([1.0, 1.0, 1.0, 1.5]))
+    # expected tokens 1, 2, 2, 2 over costs 1, 1, 1, 1.5: rates 1, 2, 2, 1.33 (an exact tie, not a near one)
+    assert policy.choose_tier(ctx, conf, caps).rows == 2
+    # a tie with the full-width tier also goes to the smaller one
+    ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([1.0, 1.0, 1.0, 1.0]))
+    assert policy.choose_tier(ctx, conf, caps).rows == 2
