@@ -122,3 +122,24 @@ def test_built_wheel_holds_the_draft_and_the_demo_calibrations(tmp_path):
     torch = next(line for line in metadata.splitlines() if line.startswith("Requires-Dist: torch"))
     assert "==" not in torch
     assert "adaptive = dspark_plugins.policies.adaptive" in entry_points
+
+
+@pytest.mark.parametrize("width,name", [(7, "demo-calibration.json"), (5, "demo-calibration-k5.json")])
+def test_bench_defaults_to_the_packaged_demo_calibration(tmp_path, monkeypatch, width, name):
+    """`dspark-core bench` (in-process) from a directory without configs/: the launch it builds
+    reads the packaged file for its width (model loading and bring-up stubbed out)."""
+    import argparse
+
+    import dspark_core.calibration.install as install
+    import dspark_core.startup as startup
+    from dspark_core.commands import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([f"--num_speculative_tokens={width}"])
+    launches = []
+    monkeypatch.setattr(startup, "build_engine", lambda launch: launches.append(launch) or "engine")
+    monkeypatch.setattr(install, "bring_up", lambda engine, launch, progress=True: None)
+    monkeypatch.chdir(tmp_path)
+    assert bench._engine(args) == "engine"
+    assert launches[0].calibration_file == read_calibration_file(str(CONFIGS_DIR / name))

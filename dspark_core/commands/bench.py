@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Rounds per concurrency: each runs every policy on the same prompts, in an order "
                              "rotated per round; ratios are reported with their min/median/max over the rounds.")
     parser.add_argument("--calibration", default=None,
-                        help="Calibration file (in-process mode). Default: configs/demo-calibration.json for K=7, "
-                             "configs/demo-calibration-k5.json for K=5.")
+                        help="Calibration file (in-process mode). Default: `demo`, the demo calibration shipped "
+                             "in the package for the width (K=5 or 7).")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md and PNGs.")
@@ -55,8 +55,7 @@ def _engine(args: argparse.Namespace):
     flags = [f"--model={args.model}", f"--draft_model={args.draft_model}",
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
              f"--captured_target_rows={args.captured_target_rows}"]
-    calibration = args.calibration or ("configs/demo-calibration-k5.json" if args.num_speculative_tokens == 5
-                                       else "configs/demo-calibration.json")
+    calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
                  else f"--adaptive_dspark_calibration={calibration}")
     launch = resolve_launch(parse_serve_args(flags))
