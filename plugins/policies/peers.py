@@ -15,6 +15,10 @@ recommendations.
   one-step-old confidences.
 * ``min-gain``: the tier-aware argmax, but full width unless the predicted gain
   over full width is at least ``min_gain`` (default 4%).
+
+The ages above are exact: the engine hands ``choose_tier`` confidences exactly
+``tier_lag`` steps old, with or without schedule overlap (docs/plugins.md).
+None of these rules plans draft-off steps or corrects its forecast.
 """
 
 from __future__ import annotations
