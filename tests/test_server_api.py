@@ -188,6 +188,7 @@ def test_models_health_and_metrics(server):
     assert after["dspark_mean_accepted_length"] >= 1.0
     assert after["dspark_output_tokens_per_second"] > 0
     assert "dspark_full_width_fallbacks_total" in after
+    assert "dspark_draft_off_steps_total" in after
     assert after["dspark_ready"] == 1.0
     assert after["dspark_queue_depth|state=admitted"] == 0
     assert after["dspark_requests_finished_total|reason=length"] >= 2

@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             "text": o.text, "token_ids": list(o.token_ids), "prompt_tokens": o.prompt_tokens,
             "finish_reason": o.finish_reason, "steps": o.steps, "acceptance": round(o.acceptance, 4),
             "accepted_length": round(o.accepted_length, 4), "verify_widths": list(o.verify_widths),
+            "draft_off_steps": o.draft_off_steps,
         } for o in outputs],
     }))
     return 0

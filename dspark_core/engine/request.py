@@ -100,6 +100,7 @@ class RequestOutput:
     acceptance: float
     accepted_length: float
     verify_widths: tuple[int, ...]
+    draft_off_steps: int = 0  # steps that ran no draft
 
 
 def make_output(request: Request) -> RequestOutput:
@@ -107,4 +108,4 @@ def make_output(request: Request) -> RequestOutput:
     s = request.stats
     return RequestOutput(request.request_id, len(request.prompt), tuple(request.output), request.text,
                          request.finish_reason or "length", s.steps, s.acceptance, s.accepted_length,
-                         tuple(s.verify_widths))
+                         tuple(s.verify_widths), s.draft_off_steps)
