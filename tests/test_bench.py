@@ -7,11 +7,14 @@ import math
 
 import pytest
 
+from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, top2_after
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
 from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
 from dspark_core.engine.request import SamplingParams
+from dspark_core.models.reference import greedy_generate
 from checkpoint_support import write_tiny_pair
+from engine_support import tiny_pair
 
 
 def test_bench_in_process_end_to_end(tmp_path, capsys):
@@ -168,3 +171,26 @@ def test_bench_against_a_server_over_http():
             assert record.steps >= 1 and record.first_token >= record.submitted
     row = summarize(cells[1])
     assert row["requests"] == 3 and row["mean_verify_width"] > 0
+
+
+def test_exactness_classifier_tells_near_ties_from_real_differences():
+    target, _ = tiny_pair(seed=3)
+    prompt = [5, 9, 17, 2]
+    reference = greedy_generate(target, prompt, 6, eos_token_ids=())
+    assert classify(target, 0, prompt, reference, reference) is None
+    (best, second), gap = top2_after(target, prompt + reference[:3])
+    assert best == reference[3] and gap > 0
+    runner_up = reference[:3] + [second, 1, 2]
+    found = classify(target, 0, prompt, reference, runner_up)
+    assert (found.position, found.expected, found.got, found.top2) == (3, best, second, True)
+    assert found.top2_gap == pytest.approx(gap) and found.kind == ("near-tie" if gap <= TIE_MARGIN else "real")
+    assert classify(target, 0, prompt, reference, runner_up, tie_margin=gap).kind == "near-tie"
+    assert classify(target, 0, prompt, reference, runner_up, tie_margin=gap / 2).kind == "real"
+    # a token outside the target's top two is real whatever the margin; so is an output cut short
+    third = next(t for t in range(100) if t not in (best, second))
+    assert classify(target, 0, prompt, reference, reference[:3] + [third], tie_margin=1e9).kind == "real"
+    short = classify(target, 0, prompt, reference, reference[:4], tie_margin=1e9)
+    assert (short.position, short.got, short.kind) == (4, None, "real")
+    summary = compare(target, [prompt] * 3, [reference] * 3, [reference, runner_up, reference[:4]], tie_margin=gap)
+    assert (summary["identical"], summary["near_tie"], summary["real"]) == (1, 1, 1)
+    assert summary["matching_prefix_tokens"] == 6 + 3 + 4

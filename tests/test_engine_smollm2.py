@@ -1,40 +1,44 @@
-"""Exactness on the real default model: speculative greedy output equals target-only greedy
-output for every policy, at batch 1 and 16, over 20 prompts of different lengths."""
+"""Exactness on the real default model with the shipped DSpark draft: speculative greedy output
+equals target-only greedy output for every policy, at batch 1 and 16, over prompts of different
+lengths (short topics and MT-Bench first turns).
+
+The guarantee is exact up to near-ties: verify rows run in other batch shapes than target-only
+rows, so where the target's two best logits are closer than float32 rounding either token may
+come out (see dspark_core/bench/exactness.py). Every difference must be such a near-tie; none
+were seen on these prompts when this was written. benchmarks/exactness.py runs the full check."""
 
 from __future__ import annotations
 
 import pytest
 
+from dspark_core.bench.exactness import compare
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams
+from dspark_core.models.drafts import default_draft_path
 from dspark_core.models.loading import load_target
-from dspark_core.models.random_models import random_draft
 from dspark_core.models.reference import greedy_generate
+from dspark_core.models.speculators_io import load_draft
+from dspark_core.train.data import mtbench_first_turns
 from engine_support import synthetic_table
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
 TOPICS = ["the moon", "bread", "a river", "chess", "rain", "music", "a city at night", "volcanoes", "bees",
-          "the ocean", "trains", "winter", "coffee", "a library", "mountains", "clocks", "birds", "glass",
-          "a garden", "the alphabet", "maps", "fire"]
+          "the ocean", "trains", "winter", "coffee", "a library", "mountains", "clocks"]
 
 
 @pytest.fixture(scope="module")
 def setup():
     target = load_target("smollm2")
-    try:
-        from dspark_core.models.drafts import default_draft_path
-        from dspark_core.models.speculators_io import load_draft
-
-        draft = load_draft(default_draft_path("smollm2"))
-    except Exception:  # the shipped draft is produced by the training issue; a random one is as exact
-        draft = random_draft(target.config, num_layers=1, block_size=7, markov_rank=16, aux_layer_ids=(1, 15, 30))
+    draft = load_draft(default_draft_path("smollm2"))  # the shipped draft; failing to load it is a failure
     tok = target.tokenizer
-    # prompts of clearly different lengths: a word, a sentence, a chat-wrapped question, a paragraph
+    # prompts of clearly different lengths: a word, a sentence, a chat-wrapped question, a paragraph,
+    # and four MT-Bench first turns (the kind of prompt the draft was trained for)
     prompts = []
     for i, topic in enumerate(TOPICS):
         text = f"Write about {topic}." + (" Please be detailed and careful." * (i % 5))
         prompts.append(tok.encode_chat(text) if i % 2 else tok.encode(text))
+    prompts += [tok.encode_chat(q) for q in mtbench_first_turns()[:4]]
     references = [greedy_generate(target, p, MAX_TOKENS, eos_token_ids=()) for p in prompts]
     return target, draft, prompts, references
 
@@ -55,4 +59,9 @@ def test_speculative_equals_target_greedy(setup, policy, options, batch):
     engine.install_table(synthetic_table(7, buckets))
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     engine.close()
-    assert [list(o.token_ids) for o in outputs] == references
+    result = compare(target, prompts, references, [o.token_ids for o in outputs])
+    assert result["real"] == 0, result["divergences"]
+    assert result["identical"] + result["near_tie"] == len(prompts)
+    if policy != "none":
+        # the shipped draft really proposes tokens the target accepts
+        assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.05
