@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from dspark_core.errors import ModelError
+from dspark_core.train.runtime import add_device_arguments
 
 NAME = "calibrate-confidence"
 HELP = "Fit the draft's per-position confidence temperatures (STS) on held-out data and write them into its config."
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    add_device_arguments(parser)
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
+    a("--tiny", action="store_true", help="Use the random tiny target of train-draft --tiny (for smoke runs).")
     a("--json", action="store_true", help="Print one JSON object.")
 
 
@@ -34,7 +37,7 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     from dspark_core.train.evaluate import block_confidences, confidences_from_features
     from dspark_core.train.features import FeatureSet
 
-    draft = load_draft(draft_dir)
+    draft = load_draft(draft_dir, device=getattr(target, "device", "cpu"))
     if heldout.suffix == ".pt":  # features saved by train-draft: no target pass needed
         import torch
 
@@ -58,17 +61,23 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from dspark_core.models.drafts import resolve_draft_path
-    from dspark_core.models.loading import load_target
+    from dspark_core.train.runtime import setup
 
-    torch.set_num_threads(max(1, args.threads))
+    device, dtype = setup(args)
     draft_dir = resolve_draft_path(args.draft_model, args.target)
     heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"
     if not heldout.is_file():
         raise ModelError(f"held-out file {heldout} not found (pass --heldout=FILE)")
-    report = calibrate(draft_dir, load_target(args.target), heldout, output=Path(args.output) if args.output else None,
+    if args.tiny:
+        from dspark_core.train.pipeline import tiny_target
+
+        target = tiny_target(device, dtype)
+    else:
+        from dspark_core.models.loading import load_target
+
+        target = load_target(args.target, device=device, dtype=dtype)
+    report = calibrate(draft_dir, target, heldout, output=Path(args.output) if args.output else None,
                        bins=args.bins, offset=args.offset)
     if args.json:
         print(json.dumps(report))

@@ -8,6 +8,8 @@ import math
 import time
 from pathlib import Path
 
+from dspark_core.train.runtime import add_device_arguments
+
 NAME = "eval-draft"
 HELP = "Evaluate a draft: real-engine acceptance and τ at several widths, confidence ECE (before/after STS) and ROC-AUC."
 
@@ -20,14 +22,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
     a("--draft_model", default="default", help="Draft directory, or 'default' for the target's shipped draft. Default: default.")
-    a("--prompts", default=None, help="JSONL of prompts (objects with 'prompt' or 'messages'). Default: MT-Bench first turns.")
+    a("--prompts", default=None, help="JSONL of prompts (objects with 'prompt' or 'messages', or a generations file with "
+                                      "'prompt_ids' such as RUN/heldout.jsonl of train-draft). Default: MT-Bench first turns.")
     a("--limit", type=int, default=0, help="Use only the first N prompts (0 = all).")
     a("--widths", type=_widths, default=(5, 7), help="Draft widths K to run, comma separated. Default: 5,7.")
     a("--max_tokens", type=int, default=128, help="Greedy tokens per prompt. Default: 128.")
     a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    add_device_arguments(parser)
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
+    a("--tiny", action="store_true", help="Use the random tiny target of train-draft --tiny (for smoke runs; needs "
+                                          "--prompts with prompt_ids, e.g. RUN/heldout.jsonl).")
     a("--json", action="store_true", help="Print one JSON object.")
+
+
+def read_eval_prompts(path: Path) -> list:
+    """Prompts of a JSONL file: chat/text prompts, or the token ids of a generations file (``prompt_ids``)."""
+    from dspark_core.train.data import read_generations, read_prompts_jsonl
+
+    first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+    if '"prompt_ids"' in first:
+        return [p for p, _ in read_generations(path)]
+    return read_prompts_jsonl(path)
 
 
 def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16, bins=15) -> dict:
@@ -93,22 +109,31 @@ def _print(report: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from dspark_core.errors import ConfigError
     from dspark_core.models.drafts import resolve_draft_path
-    from dspark_core.models.loading import load_target
     from dspark_core.models.speculators_io import load_draft
-    from dspark_core.train.data import mtbench_first_turns, read_prompts_jsonl
+    from dspark_core.train.data import mtbench_first_turns
+    from dspark_core.train.runtime import setup
 
-    torch.set_num_threads(max(1, args.threads))
-    target = load_target(args.target)
+    device, dtype = setup(args)
+    if args.tiny:
+        from dspark_core.train.pipeline import tiny_target
+
+        if not args.prompts:
+            raise ConfigError("eval-draft --tiny needs --prompts=RUN/heldout.jsonl (token ids; the tiny target has no tokenizer)")
+        target = tiny_target(device, dtype)
+    else:
+        from dspark_core.models.loading import load_target
+
+        target = load_target(args.target, device=device, dtype=dtype)
     draft_dir = resolve_draft_path(args.draft_model, args.target)
-    draft = load_draft(draft_dir)
-    prompts = read_prompts_jsonl(Path(args.prompts)) if args.prompts else mtbench_first_turns()
+    draft = load_draft(draft_dir, device=device, dtype=dtype)
+    prompts = read_eval_prompts(Path(args.prompts)) if args.prompts else mtbench_first_turns()
     if args.limit > 0:
         prompts = prompts[: args.limit]
     report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins)
     report["draft"] = str(draft_dir)
+    report["device"], report["dtype"] = str(device), args.dtype
     report["prompt_source"] = args.prompts or "mt_bench first turns"
     if args.json:
         print(json.dumps(_clean(report)))

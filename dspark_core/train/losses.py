@@ -35,7 +35,11 @@ class BlockBatch:
     teacher_ids: torch.Tensor  # int64 [B, A, K, k] draft-vocabulary ids, -1 outside it
     teacher_probs: torch.Tensor  # float32 [B, A, K, k]
     teacher_top1: torch.Tensor  # int64 [B, A, K] target id of the teacher's greedy token
-    valid: torch.Tensor  # bool [B, A, K]: the token p+j+1 exists
+    valid: torch.Tensor  # bool [B, A, K]: the token p+j+1 exists (and, with greedy_prefix_only, p+1..p+j are greedy)
+
+    def to(self, device) -> BlockBatch:
+        return BlockBatch(*(getattr(self, f).to(device, non_blocking=True) for f in
+                            ("hidden", "anchors", "prev_tokens", "teacher_ids", "teacher_probs", "teacher_top1", "valid")))
 
 
 def answer_span(feats: FeatureSet, n: int) -> tuple[int, int, int]:
@@ -49,13 +53,27 @@ def usable(feats: FeatureSet) -> list[int]:
     return [n for n in range(feats.num_sequences) if answer_span(feats, n)[2] - answer_span(feats, n)[1] >= 2]
 
 
-def make_batch(feats: FeatureSet, seqs: list[int], anchors: list[list[int]], k_out: int, to_draft: torch.Tensor) -> BlockBatch:
-    """Gather features for the given anchors (all lists in ``anchors`` have the same length)."""
+def make_batch(feats: FeatureSet, seqs: list[int], anchors: list[list[int]], k_out: int, to_draft: torch.Tensor, *,
+               greedy_prefix_only: bool = False) -> BlockBatch:
+    """Gather features for the given anchors (all lists in ``anchors`` have the same length).
+
+    Tensors are built where ``feats`` lives (``offsets``/``prompt_lens`` stay on
+    the CPU, see :meth:`FeatureSet.to`); ``to_draft`` must live there too.
+
+    ``greedy_prefix_only`` drops proposal ``j`` of a block unless the true
+    tokens at ``p+1 .. p+j`` are the teacher's greedy tokens. On on-policy
+    (greedy) answers that changes nothing; on answers written by someone else
+    it keeps only the blocks serving can reach: proposal ``j`` only counts
+    once proposals ``0 .. j-1`` were accepted, i.e. equal the target's greedy
+    tokens, and the draft cannot see the true tokens in between (they are mask
+    tokens in its block).
+    """
+    dev = feats.hidden.device
     length = max(max(a) for a in anchors)  # context rows needed: positions < anchor
     width = feats.hidden.shape[1]
-    hidden = torch.zeros(len(seqs), max(length, 1), width)
-    a_t = torch.tensor(anchors, dtype=torch.long)
-    j = torch.arange(k_out)
+    hidden = torch.zeros(len(seqs), max(length, 1), width, device=dev)
+    a_t = torch.tensor(anchors, dtype=torch.long, device=dev)
+    j = torch.arange(k_out, device=dev)
     prev, tids, tprobs, valid = [], [], [], []
     for b, n in enumerate(seqs):
         off, _, total = answer_span(feats, n)
@@ -69,7 +87,11 @@ def make_batch(feats: FeatureSet, seqs: list[int], anchors: list[list[int]], k_o
         tprobs.append(feats.topk_probs[idx].float())
         valid.append(ok)
     tids_t = torch.stack(tids)
-    return BlockBatch(hidden, a_t, torch.stack(prev), to_draft[tids_t], torch.stack(tprobs), tids_t[..., 0], torch.stack(valid))
+    prev_t, top1, valid_t = torch.stack(prev), tids_t[..., 0], torch.stack(valid)
+    if greedy_prefix_only and k_out > 1:
+        agree = (prev_t[..., 1:] == top1[..., :-1]).long().cumprod(-1).bool()  # p+1..p+j were the greedy tokens
+        valid_t = valid_t & torch.cat([torch.ones_like(agree[..., :1]), agree], dim=-1)
+    return BlockBatch(hidden, a_t, prev_t, to_draft[tids_t], torch.stack(tprobs), top1, valid_t)
 
 
 def sample_anchors(feats: FeatureSet, seqs: list[int], per_seq: int, gen: torch.Generator) -> list[list[int]]:

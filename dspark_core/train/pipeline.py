@@ -1,27 +1,61 @@
-"""End-to-end draft training: prompts -> on-policy answers -> cached features -> trained draft.
+"""End-to-end draft training: prompts -> target-labelled answers -> cached features -> trained draft.
 
-Every stage is cached, so re-running the same command resumes: generations
-are appended chunk by chunk to a JSONL file, features are stored once per
-generations file, and the training loop resumes from ``checkpoint.pt``.
-``tiny=True`` swaps the real model and ShareGPT for a random tiny target and
-random prompts (seconds on a CPU; used by the tests).
+Two sources of answers (``PipelineOptions.answers``, one or both):
+
+* ``on_policy`` — the frozen target answers each ShareGPT prompt greedily;
+  the generating forwards give the features (one prefill, then one decode
+  forward per token, ``gen_batch`` prompts at a time);
+* ``sharegpt`` — ShareGPT's own first answers, run through the target in one
+  prefill forward per packed group of sequences (no decoding). The labels are
+  still the target's own next-token distributions at every position, so the
+  draft learns to imitate the target; only the text it conditions on was
+  written by someone else.
+
+Held-out sequences are always on-policy answers (to prompts no training
+sequence uses), because that is what serving asks the draft to predict:
+calibration and the choice of checkpoint use them.
+
+Every stage is cached, so re-running the same command resumes: features are
+stored in shards of ``shard_size`` sequences (an interrupted run continues at
+the first missing shard, across sessions), and the training loop resumes from
+``checkpoint.pt``. ``tiny=True`` swaps the real model and ShareGPT for a random
+tiny target and random prompts/answers (seconds on a CPU; used by the tests).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
 from attrs import field, frozen
 
+from dspark_core.errors import ConfigError
 from dspark_core.train import data
 from dspark_core.train.features import (
     FeatureSet,
+    compute_features,
     concat_features,
     generate_with_features,
 )
-from dspark_core.train.train import TrainSettings, init_draft, make_draft_config, train
+from dspark_core.train.train import (
+    TrainSettings,
+    copy_target_layers,
+    init_draft,
+    make_draft_config,
+    train,
+)
+
+SOURCES = ("on_policy", "sharegpt")
+
+
+def _answers(value) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in (value.split(",") if isinstance(value, str) else value) if x.strip())
+    bad = [x for x in items if x not in SOURCES]
+    if bad or not items:
+        raise ConfigError(f"--answers: {','.join(bad) or 'nothing'}: choose on_policy, sharegpt or on_policy,sharegpt")
+    return tuple(dict.fromkeys(items))
 
 
 @frozen
@@ -41,15 +75,24 @@ class PipelineOptions:
     aux_layers: tuple[int, ...] | None = None
     topk: int = 16
     features_dir: Path | None = None
+    answers: tuple[str, ...] = field(default=("on_policy",), converter=_answers)
+    sharegpt: Path | None = None  # the wheel, its JSON, or an extract (data.write_sharegpt_extract); None: download
+    on_policy_prompts: int = 0  # with answers=on_policy,sharegpt: answer only the first N training prompts on-policy (0 = all)
+    shard_size: int = 64
+    rows_per_forward: int = 2048  # prefill-only source: rows per target forward
+    init_from_target_layer: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    features_on_device: bool = False  # keep the training features on the device (GPU: no host gather per step)
     tiny: bool = False
     settings: TrainSettings = field(factory=TrainSettings)
 
 
-def tiny_target():
+def tiny_target(device="cpu", dtype=torch.float32):
     """The random target tiny mode trains against (fixed seed)."""
     from dspark_core.models.random_models import random_target, tiny_target_config
 
-    return random_target(tiny_target_config(max_position=256), seed=0)
+    return random_target(tiny_target_config(max_position=256), seed=0, dtype=dtype, device=str(device))
 
 
 def tiny_prompts(target, opts: PipelineOptions) -> list[list[int]]:
@@ -58,42 +101,133 @@ def tiny_prompts(target, opts: PipelineOptions) -> list[list[int]]:
     return [torch.randint(vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(opts.prompts)]
 
 
-def shard_dir(opts: PipelineOptions, aux: tuple[int, ...]) -> Path:
-    """Where the generation + feature shards of these options live."""
-    if opts.tiny:
-        return opts.output / "shards"
-    base = opts.features_dir or data.data_cache_dir().parent / "features"
-    aux_txt = "-".join(map(str, aux))
-    return Path(base) / (f"{Path(str(opts.target)).stem}-sharegpt-s{opts.settings.seed}-c{opts.max_prompt_chars}"
-                         f"-t{opts.max_tokens}-a{aux_txt}-k{opts.topk}")
+def tiny_answers(target, opts: PipelineOptions, count: int) -> list[list[int]]:
+    """Stand-ins for ShareGPT's answers in tiny mode: random token strings (not the target's own)."""
+    g = torch.Generator().manual_seed(opts.settings.seed + 1)
+    vocab = target.config.vocab_size - 1
+    return [torch.randint(vocab, (int(torch.randint(8, opts.max_tokens + 1, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(count)]
 
 
-def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log, chunk: int = 64):
-    """On-policy (prompt, answer) pairs and their features, generated in cached shards of ``chunk`` prompts."""
+def _suffix(opts: PipelineOptions, aux: tuple[int, ...]) -> str:
+    dt = "" if opts.dtype == "float32" else f"-{opts.dtype}"
+    return f"-s{opts.settings.seed}-c{opts.max_prompt_chars}-t{opts.max_tokens}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
+
+
+def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_policy") -> Path:
+    """Where the feature shards of these options and ``source`` live.
+
+    ``on_policy`` alone keeps the layout of earlier runs (prompts from
+    :func:`data.sharegpt_prompts`); once ``sharegpt`` is among the sources every
+    prompt comes from :func:`data.sharegpt_pairs`, and its on-policy answers go
+    to ``...-pairs-on-policy``, ShareGPT's own to ``...-sharegpt-answers``.
+    """
     if opts.tiny:
-        ids = tiny_prompts(target, opts)
-    else:
-        prompts = data.sharegpt_prompts(limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
-        ids = [data.chat_ids(target.tokenizer, p) for p in prompts]
-    where = shard_dir(opts, aux)
+        return opts.output / {"on_policy": "shards", "sharegpt": "shards-sharegpt", "pairs": "shards-pairs-on-policy"}[source]
+    base = Path(opts.features_dir or data.data_cache_dir().parent / "features")
+    stem = Path(str(opts.target)).stem
+    name = {"on_policy": "sharegpt", "sharegpt": "sharegpt-answers", "pairs": "sharegpt-pairs-on-policy"}[source]
+    return base / f"{stem}-{name}{_suffix(opts, aux)}"
+
+
+def _shards(where: Path, items: list, chunk: int, make, log, what: str, start_index: int = 0):
+    """Features of ``items`` in cached shards of ``chunk``; ``make(items)`` -> (prompts, answers, FeatureSet).
+
+    Each shard records its prompts (and, for given answers, the answers); a
+    shard holding other sequences is refused rather than silently mixed in.
+    """
     where.mkdir(parents=True, exist_ok=True)
-    log(f"{len(ids)} prompts ({sum(map(len, ids))} tokens); generation + feature shards in {where}")
-    pairs, parts = [], []
-    for n, s in enumerate(range(0, len(ids), chunk)):
+    prompts, answers, parts = [], [], []
+    started, made = time.perf_counter(), 0
+    for n, s in enumerate(range(0, len(items), chunk), start=start_index):
         path = where / f"part-{n:05d}-{chunk}.pt"
+        group = items[s : s + chunk]
+        want_prompts = [list(x[0]) if isinstance(x, tuple) else list(x) for x in group]
         if path.is_file():
             shard = torch.load(path, weights_only=True)
-            if shard["prompts"] != ids[s : s + chunk]:
-                raise ValueError(f"{path} holds other prompts; delete {where} to regenerate")
+            if shard["prompts"] != want_prompts or (isinstance(group[0], tuple) and shard["answers"] != [list(x[1]) for x in group]):
+                raise ValueError(f"{path} holds other sequences; delete {where} to rebuild it")
         else:
-            got, feats = generate_with_features(target, ids[s : s + chunk], aux, max_tokens=opts.max_tokens, k=opts.topk, batch=opts.gen_batch)
-            shard = {"prompts": [p for p, _ in got], "answers": [a for _, a in got], "features": feats.to_dict()}
+            got_p, got_a, feats = make(group)
+            shard = {"prompts": got_p, "answers": got_a, "features": feats.to_dict()}
             torch.save(shard, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)
-            log(f"generated {min(s + chunk, len(ids))}/{len(ids)} answers with features")
-        pairs.extend(zip(shard["prompts"], shard["answers"]))
+            made += int(feats.tokens.numel())
+            log(f"{what}: {min(s + chunk, len(items))}/{len(items)} sequences "
+                f"({made / max(time.perf_counter() - started, 1e-9):.0f} feature rows/s this session)")
+        prompts.extend(shard["prompts"])
+        answers.extend(shard["answers"])
         parts.append(FeatureSet(**shard["features"]))
-    return pairs, concat_features(parts)
+    return prompts, answers, parts
+
+
+def _on_policy(target, opts: PipelineOptions, aux, prompt_ids: list[list[int]], where: Path, log, what: str):
+    def make(group):
+        got, feats = generate_with_features(target, group, aux, max_tokens=opts.max_tokens, k=opts.topk, batch=opts.gen_batch)
+        return [p for p, _ in got], [a for _, a in got], feats
+
+    return _shards(where, prompt_ids, opts.shard_size, make, log, what)
+
+
+def _prefill(target, opts: PipelineOptions, aux, pairs: list[tuple[list[int], list[int]]], where: Path, log):
+    def make(group):
+        feats = compute_features(target, group, aux, k=opts.topk, rows_per_forward=opts.rows_per_forward, progress=False)
+        return [list(p) for p, _ in group], [list(a) for _, a in group], feats
+
+    return _shards(where, pairs, opts.shard_size, make, log, "prefill features (ShareGPT answers)")
+
+
+def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of ShareGPT pairs; answers of one token or none are dropped."""
+    if opts.tiny:
+        prompts = tiny_prompts(target, opts)
+        return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))
+    tok = target.tokenizer
+    out = []
+    for prompt, answer in data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars):
+        p = data.chat_ids(tok, prompt)
+        a = data.answer_ids(tok, p, prompt, answer[: 16 * opts.max_tokens], opts.max_tokens)  # 16 chars/token is ample
+        if len(a) >= 2:
+            out.append((p, a))
+    return out
+
+
+def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
+    """Training and held-out features: ``(train FeatureSet, held-out FeatureSet | None, held-out pairs)``."""
+    if "sharegpt" not in opts.answers:  # on-policy answers to data.sharegpt_prompts, the last `heldout` held out
+        if opts.tiny:
+            ids = tiny_prompts(target, opts)
+        else:
+            prompts = data.sharegpt_prompts(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
+            ids = [data.chat_ids(target.tokenizer, p) for p in prompts]
+        where = shard_dir(opts, aux, "on_policy")
+        log(f"{len(ids)} prompts ({sum(map(len, ids))} tokens); on-policy shards in {where}")
+        prompts_, answers, parts = _on_policy(target, opts, aux, ids, where, log, "on-policy answers with features")
+        feats = concat_features(parts)
+        pairs = list(zip(prompts_, answers, strict=True))
+        train_idx, held_idx = split(pairs, opts.heldout)
+        held = feats.subset(held_idx) if held_idx else None
+        return feats.subset(train_idx), held, [pairs[i] for i in held_idx]
+    pairs = _tokenized_pairs(target, opts)
+    cut = max(1, len(pairs) - opts.heldout) if len(pairs) > 1 else len(pairs)
+    train_pairs, held_prompts = pairs[:cut], [p for p, _ in pairs[cut:]]
+    log(f"{len(pairs)} ShareGPT pairs ({sum(len(p) for p, _ in pairs)} prompt and {sum(len(a) for _, a in pairs)} answer tokens); "
+        f"{len(train_pairs)} for training, {len(held_prompts)} held-out prompts answered on-policy")
+    parts = []
+    if "on_policy" in opts.answers:
+        chosen = [p for p, _ in train_pairs][: opts.on_policy_prompts or None]
+        where = shard_dir(opts, aux, "pairs")
+        log(f"on-policy answers to {len(chosen)} training prompts; shards in {where}")
+        parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features")[2]
+    where = shard_dir(opts, aux, "sharegpt")
+    log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
+    parts += _prefill(target, opts, aux, train_pairs, where, log)[2]
+    held, held_pairs = None, []
+    if held_prompts:
+        hp, ha, hparts = _on_policy(target, opts, aux, held_prompts, shard_dir(opts, aux, "pairs") / f"heldout-{len(held_prompts)}",
+                                    log, "held-out on-policy answers")
+        held, held_pairs = concat_features(hparts), list(zip(hp, ha, strict=True))
+    return concat_features(parts), held, held_pairs
 
 
 def split(pairs: list, heldout: int) -> tuple[list[int], list[int]]:
@@ -104,30 +238,72 @@ def split(pairs: list, heldout: int) -> tuple[list[int], list[int]]:
 
 
 def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
-    """Train a draft; returns ``(draft, target, losses, heldout_file)``; the draft is saved to ``output/draft``."""
+    """Train a draft; returns ``(draft, target, losses, heldout_file)``.
+
+    The result is saved to ``output/draft``. With held-out evaluation on
+    (``settings.eval_every > 0`` and held-out sequences), that is the
+    checkpoint with the best held-out τ (``draft-best``); the final weights are
+    in ``draft-last`` and the τ curve in ``curve.jsonl``.
+    """
+    import shutil
+
+    from dspark_core.train.runtime import resolve_device, resolve_dtype
+
+    device, dtype = resolve_device(opts.device), resolve_dtype(opts.dtype)
     opts.output.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     if opts.tiny:
-        target = tiny_target()
+        target = tiny_target(device, dtype)
     else:
         from dspark_core.models.loading import load_target
 
-        target = load_target(opts.target)
+        target = load_target(opts.target, device=device, dtype=dtype)
     cfg = make_draft_config(target.config, num_layers=opts.layers, block_size=opts.block_size, aux_layer_ids=opts.aux_layers,
                             draft_vocab_size=opts.draft_vocab, markov_rank=opts.markov_rank, markov_head_type=opts.markov_type)
-    pairs, feats = collect(target, opts, cfg.aux_layer_ids, log)
-    train_idx, held_idx = split(pairs, opts.heldout)
+    t1 = time.perf_counter()
+    train_feats, held, held_pairs = collect(target, opts, cfg.aux_layer_ids, log)
+    t2 = time.perf_counter()
     held_file = opts.output / "heldout.jsonl"
-    data.write_generations(held_file, [pairs[i][0] for i in held_idx], [pairs[i][1] for i in held_idx])
-    if held_idx:
-        torch.save(feats.subset(held_idx).to_dict(), opts.output / "heldout-features.pt")
-    train_feats = feats.subset(train_idx)
-    log(f"features: {train_feats.num_sequences} training sequences, {int(train_feats.tokens.numel())} rows")
+    data.write_generations(held_file, [p for p, _ in held_pairs], [a for _, a in held_pairs])
+    if held is not None:
+        torch.save(held.to_dict(), opts.output / "heldout-features.pt")
+    log(f"features: {train_feats.num_sequences} training sequences, {int(train_feats.tokens.numel())} rows "
+        f"({train_feats.answer_tokens} answer tokens); {len(held_pairs)} held-out sequences")
     draft = init_draft(cfg, train_feats, opts.settings.seed)
-    losses = train(draft, target, train_feats, opts.settings, opts.output, progress=progress, log=log)
-    out = save_half(draft, opts.output / "draft", verifier=opts.target if not opts.tiny else None)
+    if opts.init_from_target_layer is not None:
+        used = copy_target_layers(draft, target, opts.init_from_target_layer)
+        log(f"draft layers initialised from target layers {used}")
+    draft.to(device)
+    verifier = opts.target if not opts.tiny else None
+    evaluate = held is not None and opts.settings.eval_every > 0
+    best_dir = opts.output / "draft-best"
+
+    def on_best(d, step: int, tau: float) -> None:
+        save_half(d, best_dir, verifier=verifier)
+
+    feats_in = train_feats.to(device) if opts.features_on_device else train_feats
+    held_in = (held.to(device) if opts.features_on_device else held) if evaluate else None
+    losses, info = train(draft, target, feats_in, opts.settings, opts.output, progress=progress, log=log,
+                         heldout=held_in, on_best=on_best if evaluate else None, with_info=True)
+    t3 = time.perf_counter()
+    out = opts.output / "draft"
+    if evaluate:
+        save_half(draft, opts.output / "draft-last", verifier=verifier)
+        chosen = best_dir if best_dir.is_dir() else opts.output / "draft-last"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(chosen, out)
+    else:
+        save_half(draft, out, verifier=verifier)
     (opts.output / "train-summary.json").write_text(json.dumps({
-        "shards": str(shard_dir(opts, cfg.aux_layer_ids)), "train_sequences": len(train_idx), "heldout_sequences": len(held_idx),
-        "steps": opts.settings.steps, "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "answers": list(opts.answers), "device": str(device), "dtype": opts.dtype,
+        "shards": {src: str(shard_dir(opts, cfg.aux_layer_ids, src)) for src in (
+            ("on_policy",) if "sharegpt" not in opts.answers else (("pairs",) if "on_policy" in opts.answers else ()) + ("sharegpt",))},
+        "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
+        "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
+        "init_from_target_layer": opts.init_from_target_layer,
+        "steps": opts.settings.steps, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
+        "best": info.get("best"), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
     }, indent=2) + "\n")
     log(f"draft saved to {out}")
     return draft, target, losses, held_file

@@ -9,6 +9,7 @@ generator state) are written every ``save_every`` steps and on exit; calling
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -43,6 +44,9 @@ class TrainSettings:
     seed: int = 0
     save_every: int = 100
     max_minutes: float = 0.0  # > 0: stop early (checkpoint + export) once this much wall time has passed
+    greedy_prefix_only: bool = False  # see losses.make_batch: drop proposals whose true prefix left the greedy path
+    eval_every: int = 0  # > 0: held-out τ every N steps (curve.jsonl); the best checkpoint is kept
+    eval_anchors: int = 16  # anchors per held-out sequence (fixed, seeded) for that evaluation
 
 
 def make_draft_config(target_config, *, num_layers: int = 1, block_size: int = 7, aux_layer_ids=None,
@@ -90,6 +94,59 @@ def init_draft(config: DraftConfig, feats: FeatureSet | None, seed: int) -> DSpa
     return draft
 
 
+def copy_target_layers(draft: DSparkDraft, target, first: int) -> list[int]:
+    """Initialise draft layer ``i`` from target layer ``first + i`` (clipped to the last; negative
+    ``first`` counts from the end). Returns the target layers used.
+
+    The draft layer is Qwen3-style and the target Llama: projections, MLP and
+    the two RMSNorm scales have the same shapes and are copied; the draft's
+    q/k norms have no counterpart in a Llama target and stay at 1 (a target
+    with q/k norms gives them too). So the copied layer is a warm start, not
+    the target's function: q/k norms rescale every head's queries and keys,
+    and the layer reads the embedding of ``[anchor, mask...]`` plus injected
+    context instead of the residual stream after ``first`` layers.
+    """
+    from dspark_core.errors import ConfigError
+
+    c, t = draft.config, target.config
+    n = t.num_layers
+    start = first + n if first < 0 else first
+    if not 0 <= start < n:
+        raise ConfigError(f"--init_from_target_layer={first}: the target has layers 0..{n - 1}")
+    shapes = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
+    if any(getattr(c, f) != getattr(t, f) for f in shapes):
+        raise ConfigError("--init_from_target_layer: draft and target layer shapes differ")
+    layers = getattr(target, "layers", None)
+    if layers is None or not all(hasattr(layers[0], a) for a in ("qkv", "gate_up", "down", "o_proj", "input_norm", "post_norm")):
+        raise ConfigError(f"--init_from_target_layer: only Llama-family targets are supported, not {type(target).__name__}")
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    used = []
+    with torch.no_grad():
+        for i, layer in enumerate(draft.layers):
+            k = min(start + i, n - 1)
+            src, a = layers[k], layer.self_attn
+            qkv = src.qkv.detach()
+            a.q_proj.weight.copy_(qkv[:q_out])
+            a.k_proj.weight.copy_(qkv[q_out : q_out + kv_out])
+            a.v_proj.weight.copy_(qkv[q_out + kv_out :])
+            if getattr(src, "qkv_bias", None) is not None and a.q_proj.bias is not None:
+                a.q_proj.bias.copy_(src.qkv_bias[:q_out])
+                a.k_proj.bias.copy_(src.qkv_bias[q_out : q_out + kv_out])
+                a.v_proj.bias.copy_(src.qkv_bias[q_out + kv_out :])
+            a.o_proj.weight.copy_(src.o_proj)
+            if getattr(src, "q_norm", None) is not None:
+                a.q_norm.weight.copy_(src.q_norm)
+                a.k_norm.weight.copy_(src.k_norm)
+            layer.input_layernorm.weight.copy_(src.input_norm)
+            layer.post_attention_layernorm.weight.copy_(src.post_norm)
+            gate, up = src.gate_up.detach().chunk(2, dim=0)
+            layer.mlp.gate_proj.weight.copy_(gate)
+            layer.mlp.up_proj.weight.copy_(up)
+            layer.mlp.down_proj.weight.copy_(src.down)
+            used.append(k)
+    return used
+
+
 def target_to_draft_ids(draft: DSparkDraft) -> torch.Tensor:
     """Map target id -> draft id (-1 when the token is outside the draft vocabulary)."""
     c = draft.config
@@ -105,39 +162,112 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+@torch.no_grad()
+def heldout_stats(draft: DSparkDraft, feats: FeatureSet, settings: TrainSettings, to_draft: torch.Tensor, *,
+                  head: torch.Tensor | None = None, seqs_per_call: int = 16) -> dict:
+    """Teacher-forced acceptance on held-out (on-policy) sequences at fixed, seeded anchors.
+
+    ``survival[j]`` is the fraction of complete blocks whose proposals
+    ``0..j`` all equal the teacher's greedy tokens (what greedy verification
+    accepts); ``tau = 1 + sum(survival)`` (with the bonus token). Also the
+    held-out loss. The same anchors are drawn at every call, so values at
+    different steps are comparable.
+    """
+    was_training = draft.training
+    draft.eval()
+    gen = torch.Generator().manual_seed(settings.seed + 12345)
+    k_out = draft.config.num_speculative_tokens
+    to_target = draft.draft_to_target()
+    dev = draft.fc.weight.device
+    pool = usable(feats)
+    surv = torch.zeros(k_out, dtype=torch.float64)
+    blocks, loss_sum, loss_n = 0, 0.0, 0
+    for i in range(0, len(pool), seqs_per_call):
+        seqs = pool[i : i + seqs_per_call]
+        batch = make_batch(feats, seqs, sample_anchors(feats, seqs, settings.eval_anchors, gen), k_out, to_draft).to(dev)
+        out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens, head=head)
+        loss, _ = dspark_loss(out.logits, out.confidence_logits, batch)
+        loss_sum, loss_n = loss_sum + float(loss) * len(seqs), loss_n + len(seqs)
+        hit = (to_target[out.logits.argmax(-1)] == batch.teacher_top1) & batch.valid
+        full = batch.valid.all(-1)
+        surv += hit[full].long().cumprod(-1).sum(0).double().cpu()
+        blocks += int(full.sum())
+    draft.train(was_training)
+    s = (surv / max(blocks, 1)).tolist()
+    return {"blocks": blocks, "survival": s, "acc1": s[0] if s else math.nan, "tau": 1.0 + sum(s),
+            "loss": loss_sum / max(loss_n, 1)}
+
+
 def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings, out_dir: Path, *,
-          progress: bool = True, log=None) -> list[float]:
-    """Train ``draft`` (unbound is fine; it is bound to ``target`` here). Returns the loss per step."""
+          progress: bool = True, log=None, heldout: FeatureSet | None = None, on_best=None, with_info: bool = False):
+    """Train ``draft`` (unbound is fine; it is bound to ``target`` here). Returns the loss per step
+    (and, with ``with_info``, a dict holding the best held-out evaluation).
+
+    The draft and the target must be on the same device; ``feats`` may live
+    on the CPU (each batch is gathered there and copied over) or on the device.
+    With ``heldout`` and ``settings.eval_every``, held-out τ is measured every
+    ``eval_every`` steps and at the end, appended to ``out_dir/curve.jsonl``
+    (with the answer tokens trained on so far), and ``on_best(draft, step, tau)``
+    is called whenever it improves.
+    """
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     draft.bind_target(target)
     draft.train()
+    dev = draft.fc.weight.device
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     gen = torch.Generator().manual_seed(settings.seed)
-    step, losses, order = 0, [], []
+    step, losses, order, seen_tokens, best = 0, [], [], 0, None
     ckpt = out_dir / "checkpoint.pt"
+    curve = out_dir / "curve.jsonl"
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location=dev)
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
+        gen.set_state(state["generator"].cpu())
         step, losses, order = state["step"], state["losses"], state["order"]
+        seen_tokens, best = state.get("seen_tokens", 0), state.get("best")
+    elif curve.is_file():
+        curve.unlink()  # a fresh run: the old curve belongs to another one
     pool = usable(feats)
-    to_draft = target_to_draft_ids(draft)
+    to_draft_cpu = target_to_draft_ids(draft)
+    to_draft = to_draft_cpu.to(feats.hidden.device)
     to_target = draft.draft_to_target()
     k_out = draft.config.num_speculative_tokens
     head = draft._head_weight().to(getattr(torch, settings.head_dtype))
+    answer_len = (feats.offsets.diff() - feats.prompt_lens).tolist()
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"draft": draft.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
-                    "step": step, "losses": losses, "order": order}, tmp)
+                    "step": step, "losses": losses, "order": order, "seen_tokens": seen_tokens, "best": best}, tmp)
         tmp.replace(ckpt)
 
+    def evaluate(elapsed: float) -> None:
+        nonlocal best
+        r = heldout_stats(draft, heldout, settings, to_draft_cpu.to(heldout.hidden.device), head=head)
+        row = {"step": step, "answer_tokens_seen": seen_tokens, "train_loss_ema": round(ema["loss"], 5) if "loss" in ema else None,
+               "heldout_loss": round(r["loss"], 5), "heldout_acc1": round(r["acc1"], 5), "heldout_tau": round(r["tau"], 5),
+               "heldout_survival": [round(x, 5) for x in r["survival"]], "heldout_blocks": r["blocks"],
+               "elapsed_s": round(elapsed, 1)}
+        with curve.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        improved = best is None or r["tau"] > best["tau"]
+        if log is not None:
+            log(f"held-out at step {step} ({seen_tokens} answer tokens seen): tau {r['tau']:.4f} acc1 {r['acc1']:.4f} "
+                f"loss {r['loss']:.4f}" + (" (best)" if improved else ""))
+        if improved:
+            best = {"step": step, "tau": r["tau"], "acc1": r["acc1"], "answer_tokens_seen": seen_tokens}
+            if on_best is not None:
+                on_best(draft, step, r["tau"])
+
     ema: dict[str, float] = {}
+    evaluating = heldout is not None and settings.eval_every > 0
+    if evaluating and step == 0:
+        evaluate(0.0)
     bar = tqdm(total=settings.steps, initial=step, desc="train", unit="step", disable=not progress)
     started = time.perf_counter()
     try:
@@ -145,11 +275,14 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
             if settings.max_minutes > 0 and time.perf_counter() - started > 60 * settings.max_minutes:
                 if log is not None:
                     log(f"time budget of {settings.max_minutes} min reached at step {step}")
+                if evaluating and step > 0 and step % settings.eval_every != 0:
+                    evaluate(time.perf_counter() - started)  # the last weights are a candidate too
                 break
             if len(order) < settings.seqs_per_step:  # new pass over the data
                 order = order + [pool[i] for i in torch.randperm(len(pool), generator=gen).tolist()]
             seqs, order = order[: settings.seqs_per_step], order[settings.seqs_per_step :]
-            batch = make_batch(feats, seqs, sample_anchors(feats, seqs, settings.anchors_per_seq, gen), k_out, to_draft)
+            batch = make_batch(feats, seqs, sample_anchors(feats, seqs, settings.anchors_per_seq, gen), k_out, to_draft,
+                               greedy_prefix_only=settings.greedy_prefix_only).to(dev)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, settings)
             out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens, head=head)
@@ -159,6 +292,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
             opt.step()
             step += 1
+            seen_tokens += sum(answer_len[n] for n in seqs)
             losses.append(float(loss.item()))
             acc, tau = chain_stats(to_target[out.logits.detach().argmax(-1)], batch)
             for key, val in (("loss", losses[-1]), ("acc1", float(acc[0])), ("tau", tau)):
@@ -170,10 +304,12 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
                 log(f"step {step} loss {ema['loss']:.4f} acc1 {ema.get('acc1', 0):.4f} tau {ema.get('tau', 1):.3f} "
                     + " ".join(f"{k} {float(v):.4f}" for k, v in terms.items())
                     + f" lr {lr_at(step - 1, settings):.2e} elapsed {time.perf_counter() - started:.0f}s")
+            if evaluating and (step % settings.eval_every == 0 or step == settings.steps):
+                evaluate(time.perf_counter() - started)
             if step % settings.save_every == 0:
                 save()
     finally:
         bar.close()
         save()
     draft.eval()
-    return losses
+    return (losses, {"best": best}) if with_info else losses
