@@ -1,7 +1,9 @@
 """Graph backends: one prepared executable per binding key, all made before ready.
 
-A binding key fixes everything a captured graph depends on: draft width K,
-request bucket, target rows, dtype and device. Warmup prepares every key the
+A binding key fixes everything a captured graph depends on: the part of the
+step it runs (``propose``: the draft's block for a request bucket; ``verify``:
+the target forward for a bucket and tier), draft width K, request bucket,
+target rows, dtype and device. Warmup prepares every key the
 calibration or serving may use; after :meth:`GraphBackend.seal` (the engine
 is ready) an unknown key is an error, never a capture, so serving cannot
 recapture. Backends differ only in what "prepare" and "run" mean:
@@ -30,12 +32,14 @@ _STATIC_SHAPES = contextvars.ContextVar("dspark_static_shapes", default=False)
 
 @contextmanager
 def static_shapes() -> Iterator[None]:
-    """Ask targets for their static-shape forward inside this block (this thread only).
+    """Ask targets and the draft for their static-shape forward inside this block (this thread only).
 
     A device graph records kernels with fixed shapes and cannot read values back
     to the host while recording. Targets normally size their attention from the
     batch (host reads); in static mode they use shapes fixed by the binding key
-    (every row of the tier, the full cache length), with identical results.
+    (every row of the tier, the full cache length), with identical results. The
+    DSpark draft does the same for its context read (the whole per-slot context
+    cache, masked by position).
     """
     token = _STATIC_SHAPES.set(True)
     try:
@@ -59,12 +63,14 @@ class BindingKey:
 
     draft_width: int
     request_bucket: int
-    target_rows: int
+    target_rows: int  # 0 for a proposal (it has one block per bucket slot, not tier rows)
     dtype: str
     device: str
+    stage: str = "verify"  # "verify" (target forward) or "propose" (draft block)
 
     def describe(self) -> str:
-        return f"K={self.draft_width} bucket={self.request_bucket} rows={self.target_rows} {self.dtype}@{self.device}"
+        rows = f" rows={self.target_rows}" if self.stage == "verify" else ""
+        return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows} {self.dtype}@{self.device}"
 
 
 @define
@@ -87,6 +93,9 @@ class GraphBackend:
     """Base class: static input buffers per key; subclasses decide capture and replay."""
 
     name = "base"
+    # True: prepared keys are device graphs replayed without Python, so the step around them
+    # runs in static-shape mode too (no host reads between the replays)
+    records = False
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -147,6 +156,8 @@ class EagerStaticBackend(GraphBackend):
 
 class CapturedGraphBackend(GraphBackend):
     """Capture with a device graph API; subclasses supply the module (torch.cuda or torch.npu)."""
+
+    records = True
 
     def _graph_api(self):  # -> object with CUDAGraph/NPUGraph-like class, graph(), Stream, stream()
         raise NotImplementedError

@@ -67,13 +67,20 @@ def commit_tokens(output_tokens: torch.Tensor, output_lengths: torch.Tensor, slo
 
     ``output_tokens`` is slot storage [S, L]; ``output_lengths`` [S] advances by
     accepted + 1. Writes past L are dropped (the engine stops a request before).
+
+    Fixed shape and no host read: every cell of the [B, K+1] window is written,
+    cells past the committed tokens with the value already there. Columns past
+    L are folded onto column L-1, and each written value depends only on its
+    destination cell, so cells that collide write the same value.
     """
     width_plus_one = acceptance.committed.shape[1]
     count = acceptance.accepted + 1
     column = torch.arange(width_plus_one, device=output_tokens.device)
     start = output_lengths[slots]
-    cols = start.unsqueeze(1) + column.unsqueeze(0)
-    valid = (column.unsqueeze(0) < count.unsqueeze(1)) & (cols < output_tokens.shape[1])
+    cols = (start.unsqueeze(1) + column.unsqueeze(0)).clamp(max=output_tokens.shape[1] - 1)
     rows = slots.unsqueeze(1).expand_as(cols)
-    output_tokens[rows[valid], cols[valid]] = acceptance.committed[valid]
+    offset = cols - start.unsqueeze(1)  # index into the committed tokens of the destination column
+    new = (offset >= 0) & (offset < count.unsqueeze(1))
+    committed = acceptance.committed.gather(1, offset.clamp(min=0, max=width_plus_one - 1))
+    output_tokens[rows, cols] = torch.where(new, committed, output_tokens[rows, cols])
     output_lengths[slots] = start + count

@@ -34,9 +34,12 @@ def static_engine(models, *, buckets=(1, 2, 4), width=5, policy="adaptive", over
 def test_warmup_prepares_every_bucket_and_tier(models):
     engine, backend = static_engine(models)
     expected = {(b, g) for b in (1, 2, 4) for g in legal_tiers(b, 5)}
-    assert {(k.request_bucket, k.target_rows) for k in backend.keys} == expected
+    assert {(k.request_bucket, k.target_rows) for k in backend.keys if k.stage == "verify"} == expected
+    # one proposal key per bucket: the draft's block runs through the backend too
+    assert {(k.request_bucket, k.target_rows) for k in backend.keys if k.stage == "propose"} == {(1, 0), (2, 0), (4, 0)}
+    assert {k.stage for k in backend.keys} == {"verify", "propose"}
     assert all(k.draft_width == 5 and k.dtype == "float64" and k.device == "cpu" for k in backend.keys)
-    assert engine.work_counters()["warmups"] == len(expected)
+    assert engine.work_counters()["warmups"] == len(expected) + 3
     # warmup wrote only into the scratch slot: live slots' caches are still zero
     assert float(engine.runner.target_cache.keys[:, : engine.runner.num_slots].abs().sum()) == 0.0
     engine.close()
@@ -56,7 +59,9 @@ def test_serving_many_shapes_after_ready_prepares_nothing(models):
         assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts[:batch], 12)
     assert engine.work_counters() == before
     assert 0 < engine.counters.fallback_steps < engine.counters.steps  # both paths were served
-    assert backend.counters.replays == engine.counters.steps > 0
+    # one verify replay per step, one proposal replay per drafted step
+    drafted = engine.counters.steps - engine.counters.draft_off_steps
+    assert backend.counters.replays == engine.counters.steps + drafted > 0
     engine.close()
 
 
@@ -67,7 +72,7 @@ def test_restricted_geometry_uses_only_captured_tiers(models):
     prompts = random_prompts(2, seed=4)
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
     assert [list(o.token_ids) for o in outputs] == greedy_references(models[0], prompts, 10)
-    assert len(backend.keys) == 6
+    assert len(backend.keys) == 6 + 2  # the six verify keys and a proposal key per bucket
     engine.close()
 
 

@@ -187,7 +187,7 @@ class Engine:
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
         step = DecodeStep(self.runner, self.storage, self.policy, ctx,
                           torch.tensor([r.slot for r in running], dtype=torch.int64, device=device),
-                          torch.from_numpy(cap_values).to(device), draft=plan.draft, index=index)
+                          torch.from_numpy(cap_values).to(device), host_caps=cap_values, draft=plan.draft, index=index)
         if lag > 0:
             step.tier_confidences = known
         if plan.draft and self.queue.depth > 1 and self._wants_early_proposal():

@@ -7,12 +7,13 @@ decides what to run, :mod:`dspark_core.engine.step` decides in which order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
-from dspark_core.graphs import BindingKey, GraphBackend
+from dspark_core.graphs import BindingKey, GraphBackend, static_shapes
 from dspark_core.models.base import ForwardBatch, ForwardOutput
 from dspark_kernels import kernels_for
 from dspark_kernels.pack import PackedRows
@@ -70,9 +71,42 @@ class ModelRunner:
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
         return out.logits.argmax(dim=-1)
 
-    def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K drafted tokens and their confidences per request."""
-        tokens, confidences = self.draft.propose(anchors, positions, slots)
+    def step_mode(self) -> AbstractContextManager:
+        """Static-shape mode for a step's own kernels when the backend records device graphs (their
+        eager-only checks read the device); nothing otherwise."""
+        return static_shapes() if self.graphs is not None and self.graphs.records else nullcontext()
+
+    # -- the draft proposal, through the graph backend ----------------------------
+    def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                request_bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafted tokens and their confidences per request.
+
+        With a graph backend and a request bucket the block runs as the bucket's
+        ``propose`` key (padded to the bucket on the scratch slot); otherwise eagerly.
+        """
+        if self.graphs is None or request_bucket is None:
+            return self._propose_fn(anchors, positions, slots)
+        n = slots.shape[0]
+        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket),
+                                              self.proposal_inputs(anchors, positions, slots, request_bucket))
+        return tokens[:n], confidences[:n]
+
+    def proposal_key(self, request_bucket: int) -> BindingKey:
+        weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
+        dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
+        return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device), stage="propose")
+
+    def proposal_inputs(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                        request_bucket: int) -> dict[str, torch.Tensor]:
+        """Fixed-shape inputs for the bucket: empty bucket slots draft token 0 at position 0 of the
+        scratch slot (no context visible; their blocks are computed and dropped)."""
+        extra = request_bucket - slots.shape[0]
+        return {"anchors": torch.cat([anchors, anchors.new_zeros(extra)]),
+                "positions": torch.cat([positions, positions.new_zeros(extra)]),
+                "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
+
+    def _propose_fn(self, anchors, positions, slot_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
 
     # -- the verify forward, through the graph backend ---------------------------
@@ -87,7 +121,7 @@ class ModelRunner:
         extra = request_bucket - slots.shape[0]
         offsets = packed.row_offsets
         slots = torch.cat([slots, slots.new_full((extra + 1,), self.scratch_slot)])
-        offsets = torch.cat([offsets, offsets[-1:].expand(extra), offsets.new_tensor([total])])
+        offsets = torch.cat([offsets, offsets[-1:].expand(extra), offsets.new_full((1,), total)])
         return {"tokens": packed.tokens, "positions": packed.positions, "slot_ids": slots, "row_offsets": offsets}
 
     def _verify_fn(self, tokens, positions, slot_ids, row_offsets) -> tuple[torch.Tensor, ...]:
@@ -102,12 +136,17 @@ class ModelRunner:
         return outputs[0], (outputs[1] if len(outputs) > 1 else None)
 
     def warmup(self, geometry: Geometry) -> None:
-        """Prepare every (bucket, tier) binding key; writes touch only the scratch slot."""
+        """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key;
+        writes touch only the scratch slot."""
         if self.graphs is None:
             return
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
         for bucket in geometry.request_buckets:
+            if self.draft is not None:
+                example = {"anchors": as_long([0] * bucket), "positions": as_long([0] * bucket),
+                           "slot_ids": as_long([self.scratch_slot] * bucket)}
+                self.graphs.prepare(self.proposal_key(bucket), self._propose_fn, example)
             for rows in geometry.rows_for(bucket):
-                as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
                 example = {"tokens": as_long([0] * rows), "positions": as_long(list(range(rows))),
                            "slot_ids": as_long([self.scratch_slot] * (bucket + 1)),
                            "row_offsets": as_long([0] * (bucket + 1) + [rows])}

@@ -7,7 +7,10 @@ third party can replace a stage without forking the engine.
 
 A step reads its anchors from slot storage and its commit writes them back, so
 with the task pipeline the host can launch step t+1 before step t's results
-reach it. Only :func:`collect` copies results to the host, once per step.
+reach it. Only :func:`collect` copies results to the host, once per step; the
+other host reads a step may make are the policy's own (the tier decision on
+this step's confidences when ``tier_lag`` is 0, the early copy of the
+confidences for ``tier_lag`` 1 under schedule overlap; see docs/cuda.md).
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ class Verification:
 
     packed: PackedRows
     acceptance: Acceptance
-    real_rows: int
+
+    @property
+    def real_rows(self) -> int:
+        """Rows that carry a request's token (the rest pad the tier); reads the device."""
+        return int(self.packed.row_offsets[-1])
 
 
 @define
@@ -60,6 +67,9 @@ class DecodeStep:
     tier_context: TierContext
     slots: torch.Tensor  # [n] KV slot of each running request
     caps: torch.Tensor  # [n] most drafted tokens each request may verify
+    # the same caps as the host built them, so the tier decision reads nothing back from the device
+    # (None: copy ``caps`` back, one device-to-host read)
+    host_caps: np.ndarray | None = None
     # Confidences the host had when it scheduled the step, exactly ``tier_lag`` steps old;
     # None: decide the tier on this step's own proposal (lag 0).
     tier_confidences: np.ndarray | None = None
@@ -94,7 +104,7 @@ def propose(step: DecodeStep) -> Proposal:
         zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
         return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
     anchors, positions = step.storage.anchors(step.slots)
-    tokens, confidences = step.runner.propose(anchors, positions, step.slots)
+    tokens, confidences = step.runner.propose(anchors, positions, step.slots, step.tier_context.request_bucket)
     step.storage.record_proposal(step.slots, tokens, confidences)
     if step.proposal_ready is not None:
         step.proposal_ready.set_result(confidences.float().cpu().numpy().astype(np.float64))
@@ -109,7 +119,8 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
     tier_confidences = step.tier_confidences
     if tier_confidences is None:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
-    choice = policy.choose_tier(step.tier_context, tier_confidences, step.caps.cpu().numpy())  # type: ignore[attr-defined]
+    caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
+    choice = policy.choose_tier(step.tier_context, tier_confidences, caps)  # type: ignore[attr-defined]
     lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice,  # type: ignore[attr-defined]
                            step.tier_context.request_bucket)
     return Budget(choice, lengths)
@@ -119,20 +130,22 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     """Pack the tier's rows, run the target once, accept the longest matching prefixes."""
     runner = step.runner
     anchors, positions = step.storage.anchors(step.slots)
-    packed = runner.kernels.pack(anchors, proposal.tokens, budget.lengths, positions, step.slots,
-                                 budget.choice.rows, runner.scratch_slot)
+    with runner.step_mode():
+        packed = runner.kernels.pack(anchors, proposal.tokens, budget.lengths, positions, step.slots,
+                                     budget.choice.rows, runner.scratch_slot)
     bucket = step.tier_context.request_bucket
     greedy, hidden = runner.verify_forward(runner.binding_key(bucket, budget.choice.rows),
                                            runner.verify_inputs(packed, step.slots, bucket))
     grid = gather_target_tokens(greedy, packed.row_offsets, runner.draft_width)
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
-    real_rows = int(packed.row_offsets[-1])
     if hidden is not None and step.policy.uses_draft:  # type: ignore[attr-defined]
         # the draft's context learns the target's view of every real row (draft-off steps
         # included, so drafting can resume at any step); rejected rows sit past the new
-        # anchor and are overwritten before they are ever attended
-        runner.extend_draft_context(hidden[:real_rows], packed.positions[:real_rows], packed.row_slots[:real_rows])
-    return Verification(packed, acceptance, real_rows)
+        # anchor and are overwritten before they are ever attended. The tier's padding rows
+        # go along (no host read to cut them off): they sit on the scratch slot, which no
+        # request's proposal reads
+        runner.extend_draft_context(hidden, packed.positions, packed.row_slots)
+    return Verification(packed, acceptance)
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:

@@ -15,6 +15,12 @@ How one block is drafted for a request whose last committed token (the
   anchor for ``j = 0``, else proposal ``j-1``), chosen greedily in a short
   sequential loop; its confidence is ``sigmoid(head([h; W1[prev]]) / T_j)``.
 
+Inside :func:`dspark_core.graphs.static_shapes` (what a captured graph backend
+turns on while it records, the same switch the targets follow) the backbone
+reads each slot's whole context cache and masks it by position instead of
+sizing the read from the largest anchor position: no host read, shapes fixed
+by the batch and the cache, the eager proposal up to rounding.
+
 The token embedding and LM head belong to the target (:meth:`bind_target`)
 and are never stored with the draft unless a checkpoint brings its own
 draft-vocabulary ``lm_head``.
@@ -28,6 +34,7 @@ from attrs import frozen
 from torch import nn
 
 from dspark_core.errors import ModelError
+from dspark_core.graphs import static_shapes_active
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm
@@ -127,9 +134,14 @@ class DSparkDraft(nn.Module):
         x = self._embed[ids].to(self.fc.weight.dtype)
         positions = (anchor_positions[:, None] + torch.arange(s, device=ids.device)).reshape(-1)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
-        ctx_len = int(anchor_positions.max().item())  # context keys are positions < anchor
-        if ctx_len > self.context.max_len:
-            raise ModelError(f"draft context cache holds {self.context.max_len} positions; anchor position {ctx_len} does not fit")
+        if static_shapes_active():
+            # graph capture: read every slot's whole context cache, the mask hides positions >= anchor;
+            # no host read and a key length fixed by the cache, with the eager result
+            ctx_len = self.context.max_len
+        else:
+            ctx_len = int(anchor_positions.max().item())  # context keys are positions < anchor
+            if ctx_len > self.context.max_len:
+                raise ModelError(f"draft context cache holds {self.context.max_len} positions; anchor position {ctx_len} does not fit")
         sees_ctx = torch.arange(ctx_len, device=ids.device)[None, :] < anchor_positions[:, None]
         mask = torch.cat([sees_ctx, sees_ctx.new_ones(n, s)], dim=1)[:, None, None, :]  # block is non-causal
         for i, layer in enumerate(self.layers):

@@ -40,8 +40,9 @@ class RowLayout:
     """How packed rows map to a padded ``[B, R_max]`` view, computed once per forward.
 
     Linear layers run on the packed rows; only attention uses the padded view,
-    gathered through ``pad_index`` (padding entries point at row 0 and are
-    dropped again through ``valid``).
+    gathered through ``pad_index`` (padding entries point at row 0) and
+    scattered back through ``unpad_index`` (an integer gather, so going back
+    needs no host read and has the fixed shape ``[G]``).
     """
 
     pad_index: torch.Tensor  # int64 [B, R_max]
@@ -49,6 +50,7 @@ class RowLayout:
     slot_of_row: torch.Tensor  # int64 [G]
     query_positions: torch.Tensor  # int64 [B, R_max]; 0 on padding
     kv_len: int  # keys needed: max position + 1
+    unpad_index: torch.Tensor  # int64 [G]: each packed row's cell in the flattened [B * R_max] view
 
     @classmethod
     def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
@@ -61,9 +63,13 @@ class RowLayout:
         valid = steps[None, :] < counts[:, None]
         pad_index = torch.where(valid, row_offsets[:-1, None] + steps[None, :], torch.zeros_like(valid, dtype=torch.long))
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
-        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=positions.shape[0])
+        rows = positions.shape[0]
+        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
+        request_of_row = torch.repeat_interleave(torch.arange(counts.shape[0], device=positions.device), counts,
+                                                 output_size=rows)
+        step_of_row = torch.arange(rows, device=positions.device) - row_offsets[request_of_row]
         keys = int(positions.max().item()) + 1 if kv_len is None else kv_len
-        return cls(pad_index, valid, slot_of_row, query_positions, keys)
+        return cls(pad_index, valid, slot_of_row, query_positions, keys, request_of_row * r_max + step_of_row)
 
     def causal_mask(self, kv_len: int | None = None) -> torch.Tensor:
         """Boolean ``[B, 1, R_max, L]``: a query sees keys at positions <= its own."""
@@ -77,7 +83,7 @@ class RowLayout:
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """Padded ``[B, R_max, ...]`` -> packed ``[G, ...]`` (row order is preserved)."""
-        return padded[self.valid]
+        return padded.flatten(0, 1)[self.unpad_index]
 
 
 def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor) -> torch.Tensor:

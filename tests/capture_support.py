@@ -1,0 +1,128 @@
+"""CPU stand-ins for what graph capture on a device needs: a host-read recorder and a captured backend.
+
+``host_reads()`` records every operation of the current thread that makes the
+host wait for a device value: aten ops that read a scalar or produce a
+data-dependent shape (``.item()``, ``int(t)``, ``nonzero``, boolean-mask
+indexing, ...) seen through a ``TorchDispatchMode``, plus the Python-level
+copies ``.tolist()``, ``.numpy()`` and ``.cpu()`` (on CPU tensors those never
+reach the dispatcher, on a device each is a device-to-host copy). Each read is
+reported with the innermost dspark_core / dspark_kernels / dspark_plugins
+function that made it.
+
+``StandInCapturedBackend`` is a :class:`CapturedGraphBackend` whose device
+graph API is replaced by no-ops: keys are "captured" in static-shape mode on
+static input buffers, and a replay re-runs the recorded function in
+static-shape mode into the captured output buffers, which is what replaying a
+CUDA graph amounts to (same buffers, no Python shapes decided anew).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dspark_core.graphs import CapturedGraphBackend, GraphApi, static_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dspark_core", "kernels", "plugins")
+
+# aten ops whose result the host must wait for (a scalar read or a data-dependent output size)
+SCALAR_READS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "nonzero_static", "argwhere",
+                "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
+INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}
+PYTHON_COPIES = ("tolist", "numpy", "cpu")
+
+_active = threading.local()
+
+
+def _where() -> str:
+    """``path:function`` of the innermost project frame below the recorder."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
+            return f"{path.relative_to(ROOT).as_posix()}:{frame.name}"
+    return "<outside the project>"
+
+
+class HostReads(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        read = name in SCALAR_READS
+        if name == "repeat_interleave" and kwargs.get("output_size") is None:
+            read = True  # sizes its output from the counts
+        if name in INDEX_OPS:
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            read = any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices)
+            name += "[bool mask]"
+        if read:
+            self.reads.append((name, _where()))
+        return func(*args, **kwargs)
+
+
+def _install_python_copy_hooks() -> None:
+    if getattr(torch.Tensor, "_dspark_copy_hooks", False):
+        return
+    for method in PYTHON_COPIES:
+        original = getattr(torch.Tensor, method)
+
+        def hooked(self, *args, _original=original, _method=method, **kwargs):
+            recorder = getattr(_active, "recorder", None)
+            if recorder is not None:
+                recorder.reads.append((_method, _where()))
+            return _original(self, *args, **kwargs)
+
+        setattr(torch.Tensor, method, hooked)
+    torch.Tensor._dspark_copy_hooks = True
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Record this thread's host reads inside the block; yields the recorder (``.reads``)."""
+    _install_python_copy_hooks()
+    recorder = HostReads()
+    _active.recorder = recorder
+    try:
+        with recorder:
+            yield recorder
+    finally:
+        _active.recorder = None
+
+
+class _NoOp:
+    def __init__(self, *args) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class StandInCapturedBackend(CapturedGraphBackend):
+    """A captured backend on CPU: static buffers, static-shape capture, replay into the captured outputs."""
+
+    name = "stand-in"
+
+    def _graph_api(self) -> GraphApi:
+        return GraphApi(_NoOp, _NoOp, _NoOp, _NoOp, _NoOp)
+
+    def _replay(self, key, prepared):
+        with static_shapes():
+            fresh = self._fns[key](**prepared.inputs)
+        for out, new in zip(prepared.outputs, fresh, strict=True):
+            out.copy_(new)
+        return prepared.outputs
