@@ -51,8 +51,9 @@ class DraftLearning:
     """What the policy has learnt from realized acceptance (mutable, one per policy instance)."""
 
     decay: float = 0.7  # weight of the past per drafted step (about three steps of memory)
+    prior: float = 2.0  # pseudo-tokens on both sides, so the scale starts at 1 ...
     expected: float = 2.0  # decayed sum of drafted tokens the raw confidences expected ...
-    accepted: float = 2.0  # ... and of those the target accepted (equal priors: scale 1)
+    accepted: float = 2.0  # ... and of those the target accepted
     off_streak: int = 0  # draft-off steps planned since the last drafted one
     probe_interval: int = FIRST_PROBE_INTERVAL
 
@@ -62,8 +63,11 @@ class DraftLearning:
         return float(min(2.0, max(0.05, self.accepted / self.expected)))
 
     def record(self, expected: float, accepted: float) -> None:
-        self.expected = self.decay * self.expected + expected
-        self.accepted = self.decay * self.accepted + accepted
+        """One drafted step. The decayed part of the past is replaced by the prior, so drafted
+        steps that verify nothing (and so teach nothing) relax the scale back towards 1, and
+        the policy tries verifying again instead of staying stuck at a low scale."""
+        self.expected = self.decay * self.expected + (1 - self.decay) * self.prior + expected
+        self.accepted = self.decay * self.accepted + (1 - self.decay) * self.prior + accepted
 
 
 @frozen
@@ -125,8 +129,7 @@ class AdaptivePolicy:
         if report.draft_off or report.fallback or not np.isfinite(report.predicted_tokens):
             return
         raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
-        if raw_expected > 0:
-            self.learning.record(raw_expected, float(sum(report.accepted)))
+        self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
 
 
 def _options(name: str, options: Mapping[str, Any], allowed: set[str]) -> None:
