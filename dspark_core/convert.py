@@ -7,6 +7,7 @@ the ``$.contexts[0].max_kv_length`` style so a user can find the bad field.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,6 +79,21 @@ def structure_strict(data: Any, cls: type[T], *, source: str = "input") -> T:
         raise ConfigError(f"{source}: {details}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+_UNKNOWN = re.compile(r"unknown error \((.*?)\) @ ")
+
+
+def structure_checked(data: Any, cls: type[T], *, source: str) -> T:
+    """:func:`structure_strict`, with our own rule violations shown plainly.
+
+    cattrs labels exceptions it does not know (our ConfigErrors raised by a
+    value's own checks) as "unknown error (...)"; keep the message and path.
+    """
+    try:
+        return structure_strict(data, cls, source=source)
+    except ConfigError as exc:
+        raise ConfigError(_UNKNOWN.sub(r"\1 @ ", str(exc))) from None
 
 
 def load_json_file(path: str | Path, cls: type[T]) -> T:

@@ -14,7 +14,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
 from dspark_core.costs.base import CostSample, pool_samples
 from dspark_core.costs.bundle import CostTable, IntervalFit, Provenance
 from dspark_core.costs.fingerprint import Fingerprint, compare
@@ -26,6 +25,7 @@ from dspark_core.costs.formats import (
     table_to_json,
 )
 from dspark_core.errors import ConfigError, TableError
+from dspark_core.fit_settings import CalibrationSettings, ContextInterval
 
 __all__ = [
     "CostTable", "IntervalFit", "Provenance", "check_compatible", "check_output_path", "default_lookup",

@@ -15,14 +15,16 @@ import attrs
 from attrs import field, frozen
 from cattrs.gen import make_dict_structure_fn, override
 
-from dspark_core.calibration.settings import CalibrationSettings, ContextInterval, TargetRows
-from dspark_core.calibration.settings import _normalize_rows as normalize_rows
-from dspark_core.calibration.settings import _structure_rows as structure_rows
 from dspark_core.convert import converter, load_json_file
 from dspark_core.costs.base import check_grid
 from dspark_core.errors import ConfigError
+from dspark_core.fit_settings import CalibrationSettings, ContextInterval, TargetRows, normalize_rows, structure_rows
 from dspark_core.geometry import Geometry, full_width_rows
 
+#: The cost model a calibration without a ``model`` field fits. Only a default *name*,
+#: like the ``--budget_policy`` default: it is resolved through the ``dspark_cost_model``
+#: hook like any other (a plugin of yours may provide "additive", or a calibration
+#: file may name another model), so the core imports no cost model for it.
 DEFAULT_MODEL = "additive"
 DEFAULT_PREFILL = 2048
 DEFAULT_MAX_KV = 4096
@@ -67,11 +69,6 @@ class CalibrationPlan:
     settings: CalibrationSettings
     source: str  # "defaults" or "file"
     points: tuple[ProbePoint, ...]
-
-    @property
-    def decode_steps_per_point(self) -> int:
-        s = self.settings
-        return max(s.warmup_steps, 1) + s.window_steps * s.windows_per_point
 
 
 converter.register_structure_hook(

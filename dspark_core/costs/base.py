@@ -13,8 +13,9 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from attrs import field, frozen
 
-from dspark_core.calibration.settings import ContextInterval, structure_checked
+from dspark_core.convert import structure_checked
 from dspark_core.errors import ConfigError
+from dspark_core.fit_settings import ContextInterval
 from dspark_core.geometry import full_width_rows, legal_tiers
 
 T = TypeVar("T")

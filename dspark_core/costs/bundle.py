@@ -15,10 +15,10 @@ from typing import Any
 from attrs import field, frozen
 
 import dspark_core
-from dspark_core.calibration.settings import CalibrationSettings, ContextInterval, check_contexts
 from dspark_core.costs.base import Coverage, Measurement
 from dspark_core.costs.fingerprint import Fingerprint
 from dspark_core.errors import TableError
+from dspark_core.fit_settings import CalibrationSettings, ContextInterval, check_contexts
 
 #: Where a table came from; kept out of equality so a loaded table equals the saved one.
 ORIGINS = ("fitted", "bundle", "bare", "legacy bare", "legacy sps", "legacy additive")

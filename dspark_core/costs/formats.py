@@ -14,12 +14,12 @@ from typing import Any
 
 from attrs import field, frozen
 
-from dspark_core.calibration.settings import CalibrationSettings, ContextInterval, structure_checked
-from dspark_core.convert import unstructure
+from dspark_core.convert import structure_checked, unstructure
 from dspark_core.costs.base import Coverage, Measurement
 from dspark_core.costs.bundle import CostTable, IntervalFit, Provenance
 from dspark_core.costs.fingerprint import Fingerprint
 from dspark_core.errors import ConfigError, PluginError, TableError
+from dspark_core.fit_settings import CalibrationSettings, ContextInterval
 
 SCHEMA_VERSION = 1
 #: Width of tables written before the width was recorded (the Draft7 era).
