@@ -138,6 +138,42 @@ def full_width_choice(ctx: TierContext, *, fallback: bool) -> TierChoice:
     return TierChoice(rows=ctx.full_width, fallback=fallback)
 
 
+def tier_scores(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expected committed tokens and tokens per second of every captured tier (NaN where not covered).
+
+    A tier of G rows verifies the ``G - Bcap`` largest survivals allowed by
+    ``caps`` plus one bonus token per live request; the drafted part is scaled
+    by ``ctx.forecast_scale`` but never beyond the drafted rows actually
+    verified. Needs ``ctx.tier_costs``.
+    """
+    gains = sorted_survival_prefix(confidences, caps)
+    draft_rows = np.minimum(np.asarray(ctx.tiers) - ctx.request_bucket, len(gains) - 1)
+    # a scaled expectation can never exceed the drafted tokens actually verified
+    expected = ctx.live_requests + np.minimum(ctx.forecast_scale * gains[draft_rows], draft_rows)
+    return expected, expected / ctx.tier_costs
+
+
+def best_rate_tier(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray, min_gain: float = 0.0) -> TierChoice:
+    """The captured tier with the most expected tokens per calibrated second (see :func:`tier_scores`).
+
+    Ties go to the smaller tier. The full-width tier is kept unless the best
+    one beats its rate by the fraction ``min_gain``. Without a calibrated cost
+    for the full-width tier the choice is the full-width fallback. This is the
+    rule of the ``adaptive`` policy, shared here so other policies (the peers)
+    can use it without importing that plugin.
+    """
+    if ctx.tier_costs is None or ctx.full_width not in ctx.tiers:
+        return full_width_choice(ctx, fallback=True)
+    expected, rate = tier_scores(ctx, confidences, caps)
+    full = ctx.tiers.index(ctx.full_width)
+    if not np.isfinite(rate[full]):
+        return full_width_choice(ctx, fallback=True)
+    best = int(np.nanargmax(rate))  # first maximum = smallest tier among equals
+    if rate[best] < rate[full] * (1.0 + min_gain):
+        best = full
+    return TierChoice(ctx.tiers[best], False, float(expected[best]), float(ctx.tier_costs[best]))
+
+
 def allocate_split(kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
                    request_bucket: int) -> torch.Tensor:
     """Default split: host-fixed lengths when the choice has them, else the allocate kernel over

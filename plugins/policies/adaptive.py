@@ -37,8 +37,7 @@ from attrs import define, field, frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import (StepPlan, TierChoice, TierContext, allocate_split, full_width_choice,
-                                sorted_survival_prefix)
+from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, tier_scores
 
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
@@ -85,23 +84,11 @@ class AdaptivePolicy:
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and tokens/second of every captured tier (NaN where not covered)."""
-        gains = sorted_survival_prefix(confidences, caps)
-        draft_rows = np.minimum(np.asarray(ctx.tiers) - ctx.request_bucket, len(gains) - 1)
-        # a scaled expectation can never exceed the drafted tokens actually verified
-        expected = ctx.live_requests + np.minimum(ctx.forecast_scale * gains[draft_rows], draft_rows)
-        return expected, expected / ctx.tier_costs
+        return tier_scores(ctx, confidences, caps)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
-        if ctx.tier_costs is None or ctx.full_width not in ctx.tiers:
-            return full_width_choice(ctx, fallback=True)
-        expected, rate = self.scores(ctx, confidences, caps)
-        full = ctx.tiers.index(ctx.full_width)
-        if not np.isfinite(rate[full]):
-            return full_width_choice(ctx, fallback=True)
-        best = int(np.nanargmax(rate))  # first maximum = smallest tier among equals
-        if rate[best] < rate[full] * (1.0 + self.min_gain):
-            best = full
-        return TierChoice(ctx.tiers[best], False, float(expected[best]), float(ctx.tier_costs[best]))
+        """The best tokens-per-second tier, kept at full width unless it gains ``min_gain``."""
+        return best_rate_tier(ctx, confidences, caps, self.min_gain)
 
     split = staticmethod(allocate_split)
 

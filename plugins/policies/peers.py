@@ -33,9 +33,8 @@ from attrs import frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import (TierChoice, TierContext, allocate_split, full_width_choice, smallest_tier,
-                                sorted_survival_prefix)
-from dspark_plugins.policies.adaptive import AdaptivePolicy
+from dspark_core.policy import (StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, full_width_choice,
+                                smallest_tier, sorted_survival_prefix)
 
 
 def threshold_lengths(survival: torch.Tensor, caps: torch.Tensor, h: float) -> torch.Tensor:
@@ -106,13 +105,36 @@ class StaleArgmax:
             return full_width_choice(ctx, fallback=True)
         monotone = TierContext(ctx.request_bucket, ctx.live_requests, ctx.draft_width, ctx.tiers,
                                np.maximum.accumulate(ctx.tier_costs))
-        choice = AdaptivePolicy().choose_tier(monotone, confidences, caps)
+        choice = best_rate_tier(monotone, confidences, caps)
         survival = np.cumprod(confidences, axis=1)
         lengths = _top_m_lengths(survival, caps, choice.rows - ctx.request_bucket)
         return TierChoice(choice.rows, choice.fallback, choice.predicted_tokens, choice.predicted_seconds,
                           lengths=tuple(int(x) for x in lengths))
 
     split = staticmethod(allocate_split)
+
+
+@frozen
+class MinGainPolicy:
+    """The tier argmax of ``adaptive`` with a guard: full width unless the gain is at least ``min_gain``.
+
+    Like the other peers it drafts on every step and takes the confidences at
+    face value (no draft-off steps, no forecast correction).
+    """
+
+    min_gain: float = 0.04
+    name: str = "min-gain"
+    uses_draft: bool = True
+    tier_lag: int = 0
+
+    def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
+        return best_rate_tier(ctx, confidences, caps, self.min_gain)
+
+    split = staticmethod(allocate_split)
+
+    def plan(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:
+        """Always draft, with the confidences unscaled."""
+        return StepPlan(draft=True, forecast_scale=1.0)
 
 
 def _top_m_lengths(survival: np.ndarray, caps: np.ndarray, m: int) -> np.ndarray:
@@ -152,6 +174,5 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> Any:
         return ThresholdPolicy(h)
     if name == "min-gain":
         # other engines' rule: no draft-off steps and no forecast correction
-        return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.04)), name="min-gain", draft_off=False,
-                              forecast_correction=False)
+        return MinGainPolicy(min_gain=float(options.get("min_gain", 0.04)))
     return ArgmaxNoTier() if name == "argmax-notier" else StaleArgmax()
