@@ -217,7 +217,13 @@ class FittedCost(Protocol):
 
 @runtime_checkable
 class CostModel(Protocol):
-    """What the ``dspark_cost_model`` hook returns."""
+    """What the ``dspark_cost_model`` hook returns.
+
+    Optional: ``check_grid(points, draft_width)`` (refuse a probe grid before any
+    probing) and ``read_legacy(doc, source) -> (params, draft_width | None)``
+    for a model that reads one of the legacy table layouts
+    (:data:`dspark_core.costs.formats.LEGACY_FORMS`).
+    """
 
     name: str
 

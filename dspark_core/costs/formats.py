@@ -27,11 +27,36 @@ LEGACY_DRAFT_WIDTH = 7
 #: Lookup from a cost-model name to the object the ``dspark_cost_model`` hook returns.
 CostModelLookup = Callable[[str], Any]
 
+
+
+@frozen
+class LegacyForm:
+    """A table layout from before tables named their cost model: the keys that identify it,
+    the model that reads it (through its ``read_legacy``) and a line for error messages."""
+
+    keys: frozenset[str]
+    model: str
+    description: str
+
+
+# Why the core still lists these two: a legacy file carries no "model" key, so its
+# layout has to be recognised before any cost model is known, and letting every
+# plugin claim arbitrary JSON through a hook would make the detected format depend
+# on which plugins are loaded and in what order. Both layouts are frozen history
+# (other engines' DSpark files), so the core keeps only which keys mean which model
+# name; turning the document into that model's params is the model's own
+# ``read_legacy(doc, source)``, next to its params.
+LEGACY_FORMS = (
+    LegacyForm(frozenset({"sample_batch_tokens", "sample_steps_per_sec"}), "sps",
+               "legacy steps-per-second table {sample_batch_tokens, sample_steps_per_sec, max_batch_tokens}"),
+    LegacyForm(frozenset({"bias_seconds", "theta_seconds"}), "additive",
+               "legacy additive table {bias_seconds, bs_probes, alpha_seconds, m_probes, theta_seconds}"),
+)
+
 ACCEPTED_FORMATS = (
     "versioned bundle {schema_version, draft_width, model, fits, calibration, fingerprint, provenance}",
     "bare table {model, draft_width, params[, context]}",
-    "legacy steps-per-second table {sample_batch_tokens, sample_steps_per_sec, max_batch_tokens}",
-    "legacy additive table {bias_seconds, bs_probes, alpha_seconds, m_probes, theta_seconds}",
+    *(form.description for form in LEGACY_FORMS),
 )
 
 
@@ -60,24 +85,6 @@ class BareDoc:
     params: dict[str, Any]
     draft_width: int | None = None
     context: ContextInterval | None = None
-
-
-@frozen
-class LegacySpsDoc:
-    sample_batch_tokens: list[int]
-    sample_steps_per_sec: list[float]
-    max_batch_tokens: int
-    draft_width: int | None = None
-
-
-@frozen
-class LegacyAdditiveDoc:
-    bias_seconds: float
-    bs_probes: list[int]
-    alpha_seconds: list[float]
-    m_probes: list[int]
-    theta_seconds: list[float]
-    draft_width: int | None = None
 
 
 def resolve_cost_model(name: str, lookup: CostModelLookup) -> Any:
@@ -163,6 +170,18 @@ def _bare_table(model_name: str, params: Mapping[str, Any], width: int | None, c
     return CostTable(width, model_name, [IntervalFit(context, cost)], origin=origin, source=source, width_assumed=assumed)
 
 
+def _legacy_table(form: LegacyForm, data: Mapping[str, Any], lookup: CostModelLookup, source: str) -> CostTable:
+    read_legacy = getattr(_table_model(form.model, lookup), "read_legacy", None)
+    if read_legacy is None:
+        raise TableError(f"{source}: a {form.description} is read by the {form.model!r} cost model, "
+                         "and the plugin providing that name cannot read legacy tables (it has no read_legacy)")
+    try:
+        params, width = read_legacy(data, source)
+    except ConfigError as exc:
+        raise TableError(str(exc)) from None
+    return _bare_table(form.model, params, width, None, lookup, f"legacy {form.model}", source)
+
+
 def table_from_json(data: Any, lookup: CostModelLookup, source: str) -> CostTable:
     """Detect the form of ``data`` from its keys and build the table it holds."""
     if not isinstance(data, Mapping):
@@ -175,16 +194,9 @@ def table_from_json(data: Any, lookup: CostModelLookup, source: str) -> CostTabl
             bare: BareDoc = _structure(data, BareDoc, source)
             origin = "bare" if bare.draft_width is not None else "legacy bare"
             return _bare_table(bare.model, bare.params, bare.draft_width, bare.context, lookup, origin, source)
-        if {"sample_batch_tokens", "sample_steps_per_sec"} <= keys:
-            sps: LegacySpsDoc = _structure(data, LegacySpsDoc, source)
-            params = {"target_rows": sps.sample_batch_tokens, "steps_per_second": sps.sample_steps_per_sec,
-                      "request_buckets": None, "max_rows": sps.max_batch_tokens}
-            return _bare_table("sps", params, sps.draft_width, None, lookup, "legacy sps", source)
-        if {"bias_seconds", "theta_seconds"} <= keys:
-            add: LegacyAdditiveDoc = _structure(data, LegacyAdditiveDoc, source)
-            params = {"bias_seconds": add.bias_seconds, "request_buckets": add.bs_probes, "alpha_seconds": add.alpha_seconds,
-                      "target_rows": add.m_probes, "theta_seconds": add.theta_seconds}
-            return _bare_table("additive", params, add.draft_width, None, lookup, "legacy additive", source)
+        for form in LEGACY_FORMS:
+            if form.keys <= keys:
+                return _legacy_table(form, data, lookup, source)
     except TableError as exc:
         text = str(exc)
         raise TableError(text if text.startswith(source) else f"{source}: {text}") from None

@@ -16,6 +16,7 @@ import numpy as np
 from attrs import field, frozen
 
 from dspark_core.components import Component
+from dspark_core.convert import structure_checked
 from dspark_core.costs.base import (
     Coverage,
     check_draft_off_params,
@@ -188,6 +189,18 @@ def _check_positive(fit: AdditiveFit) -> None:
 
 
 @frozen
+class LegacyAdditiveDoc:
+    """An additive table from before tables named their model (other engines' DSpark file)."""
+
+    bias_seconds: float
+    bs_probes: list[int]
+    alpha_seconds: list[float]
+    m_probes: list[int]
+    theta_seconds: list[float]
+    draft_width: int | None = None
+
+
+@frozen
 class AdditiveModel:
     """The ``additive`` cost model returned by the hook."""
 
@@ -205,6 +218,17 @@ class AdditiveModel:
     def load(self, params: Mapping[str, Any], draft_width: int) -> AdditiveFit:
         """Rebuild a fit from its saved params."""
         return AdditiveFit(draft_width, structure_params(params, AdditiveParams, NAME))
+
+    def read_legacy(self, doc: Mapping[str, Any], source: str) -> tuple[dict[str, Any], int | None]:
+        """Params of a legacy additive table and its draft width (None when it has none).
+
+        ``bs_probes`` are the request buckets of ``alpha_seconds``, ``m_probes``
+        the target rows of ``theta_seconds``.
+        """
+        old = structure_checked(doc, LegacyAdditiveDoc, source=source)
+        params = {"bias_seconds": old.bias_seconds, "request_buckets": old.bs_probes, "alpha_seconds": old.alpha_seconds,
+                  "target_rows": old.m_probes, "theta_seconds": old.theta_seconds}
+        return params, old.draft_width
 
 
 @hookimpl

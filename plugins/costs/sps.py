@@ -15,6 +15,7 @@ from typing import Any
 from attrs import field, frozen
 
 from dspark_core.components import Component
+from dspark_core.convert import structure_checked
 from dspark_core.costs.base import (
     Coverage,
     CostSample,
@@ -147,6 +148,16 @@ def fit_sps(samples: Sequence[CostSample], draft_width: int) -> SpsFit:
 
 
 @frozen
+class LegacySpsDoc:
+    """A steps-per-second table from before tables named their model (other engines' DSpark file)."""
+
+    sample_batch_tokens: list[int]
+    sample_steps_per_sec: list[float]
+    max_batch_tokens: int
+    draft_width: int | None = None
+
+
+@frozen
 class SpsModel:
     """The ``sps`` cost model returned by the hook."""
 
@@ -163,6 +174,16 @@ class SpsModel:
     def load(self, params: Mapping[str, Any], draft_width: int) -> SpsFit:
         """Rebuild a fit from its saved params."""
         return SpsFit(draft_width, structure_params(params, SpsParams, NAME))
+
+    def read_legacy(self, doc: Mapping[str, Any], source: str) -> tuple[dict[str, Any], int | None]:
+        """Params of a legacy steps-per-second table and its draft width (None when it has none).
+
+        Its samples cover any bucket, up to ``max_batch_tokens`` rows.
+        """
+        old = structure_checked(doc, LegacySpsDoc, source=source)
+        params = {"target_rows": old.sample_batch_tokens, "steps_per_second": old.sample_steps_per_sec,
+                  "request_buckets": None, "max_rows": old.max_batch_tokens}
+        return params, old.draft_width
 
 
 @hookimpl
