@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+from typing import Any
+
 from attrs import frozen
+
+from dspark_core.errors import ConfigError
 
 
 @frozen
@@ -15,6 +21,27 @@ class DeviceSpec:
     default_graph_backend: str
     distributed_backend: str
     description: str = ""
+
+    def prepare_launch(self, config: Any) -> None:
+        """Apply device-specific serve flags once the launch picked this device (before anything loads).
+
+        ``config`` is the :class:`dspark_core.config.ServeConfig`. Nothing by
+        default; a device plugin subclasses this spec to act on its own flags
+        (the CPU plugin sets ``--cpu_threads``, the NPU plugin logs its
+        environment and checks ``--npu_kernel_backend``).
+        """
+
+
+def import_runtime(module: str, *, needed_for: str, hint: str) -> ModuleType:
+    """Import a device's optional runtime library, or raise a ConfigError that says how to get it.
+
+    For plugins that must import a vendor library (torch_npu, ...) lazily, when
+    their device or backend is selected, and never at plugin import.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{needed_for}: {module} is not importable ({exc}); {hint}") from None
 
 
 def resolve_dtype(requested: str, device: DeviceSpec) -> str:

@@ -18,7 +18,7 @@ import pluggy
 from attrs import frozen
 
 from dspark_core import hookspecs
-from dspark_core.components import KINDS, Component
+from dspark_core.components import Component
 from dspark_core.errors import PluginError
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
@@ -136,6 +136,11 @@ class Hooks:
             raise PluginError(f"no {kind.replace('_', ' ')} named {name!r} (available: {hint})")
         return result
 
+    def auto_device_names(self) -> list[str]:
+        """Devices ``--device=auto`` tries, in order: declared ``auto_priority``, highest first."""
+        devices = [c for c in self.components("device") if c.auto_priority is not None]
+        return [c.name for c in sorted(devices, key=lambda c: (-c.auto_priority, c.name))]
+
     def device(self, name: str) -> Any:
         return self._select("device", name, self._hook.dspark_device(name=name))
 
@@ -195,7 +200,3 @@ def default_hooks() -> Hooks:
     """Process-wide hooks with only the entry-point plugins (for tools and tests)."""
     return load_hooks()
 
-
-def component_kinds() -> tuple[str, ...]:
-    """The component kinds a plugin may declare."""
-    return tuple(KINDS)

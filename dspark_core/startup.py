@@ -50,15 +50,22 @@ class Launch:
 
 
 def pick_device(hooks: Hooks, name: str) -> DeviceSpec:
-    """``auto``: CUDA when usable, then an NPU when torch_npu is installed and sees one, else CPU."""
+    """``auto``: the first usable device in the plugins' ``auto_priority`` order.
+
+    With the default plugins: CUDA when usable, then an NPU when torch_npu is
+    installed and sees one, else the CPU (whose error, if any, is raised).
+    """
     if name != "auto":
         return hooks.device(name)
-    for candidate in ("cuda", "npu"):
+    candidates = hooks.auto_device_names()
+    if not candidates:
+        raise ConfigError("device=auto: no device plugin declares an auto_priority; name a device with --device")
+    for candidate in candidates[:-1]:
         try:
             return hooks.device(candidate)
         except ConfigError:  # not usable here: try the next
             continue
-    return hooks.device("cpu")
+    return hooks.device(candidates[-1])
 
 
 def pick_policy(config: ServeConfig) -> tuple[str, dict[str, Any]]:
@@ -85,12 +92,9 @@ def resolve_launch(config: ServeConfig) -> Launch:
     policy, options = pick_policy(config)
     capture = Geometry.bucket_multiples if config.captured_target_rows == "bucket_multiples" else Geometry.all_tiers
     launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), capture(width, buckets), policy, options)
-    if device.name == "cpu" and config.cpu_threads > 0:
-        torch.set_num_threads(config.cpu_threads)
-    if device.name == "npu":
-        from dspark_plugins.devices.npu import log_npu_environment
-
-        log_npu_environment(config.npu_kernel_backend)
+    prepare = getattr(device, "prepare_launch", None)  # device-specific flags (threads, environment report)
+    if prepare is not None:
+        prepare(config)
     if config.enable_graph:
         backend = device.default_graph_backend if config.python_graph_backend == "auto" else config.python_graph_backend
         hooks.graph_backend(backend, device)  # fails now, not after loading, when it cannot run here

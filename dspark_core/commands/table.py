@@ -47,7 +47,7 @@ def _hooks(plugins: list[str]) -> Any:
 
 def _resolved_execution(config: Any, hooks: Any) -> tuple[str | None, str | None, str | None]:
     """Resolve ``auto`` device, graph backend and dtype the way a launch on this host would."""
-    names = ["cuda", "npu", "cpu"] if config.device == "auto" else [config.device]
+    names = hooks.auto_device_names() if config.device == "auto" else [config.device]
     for name in names:
         try:
             spec = hooks.device(name)

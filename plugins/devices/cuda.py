@@ -10,7 +10,7 @@ from dspark_core.hookspecs import hookimpl
 
 @hookimpl
 def dspark_components() -> list[Component]:
-    return [Component("device", "cuda", "NVIDIA GPU via torch.cuda")]
+    return [Component("device", "cuda", "NVIDIA GPU via torch.cuda", auto_priority=20)]
 
 
 @hookimpl

@@ -12,12 +12,14 @@ HCCL does not document) so an operator can see what the ranks ran with.
 
 from __future__ import annotations
 
-import importlib
 import os
+from typing import Any
+
+from attrs import frozen
 
 from dspark_core.audit import get_logger
 from dspark_core.components import Component
-from dspark_core.device import DeviceSpec
+from dspark_core.device import DeviceSpec, import_runtime
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
 
@@ -31,12 +33,7 @@ NPU_KERNEL_BACKENDS = ("TORCH",)
 
 def import_torch_npu() -> object:
     """Import torch_npu or raise a ConfigError that says how to get it."""
-    try:
-        return importlib.import_module("torch_npu")
-    except ImportError as exc:
-        raise ConfigError(
-            f"device=npu: torch_npu is not importable ({exc}); install dspark-core[npu] on an Ascend host"
-        ) from None
+    return import_runtime("torch_npu", needed_for="device=npu", hint="install dspark-core[npu] on an Ascend host")
 
 
 def hccl_op_expansion_mode(environ: os._Environ | dict | None = None) -> str | None:
@@ -66,9 +63,17 @@ def log_npu_environment(kernel_backend: str = "TORCH") -> dict[str, str]:
     return fields
 
 
+@frozen
+class NpuDevice(DeviceSpec):
+    """The NPU spec; at launch it logs the environment with the configured kernel backend."""
+
+    def prepare_launch(self, config: Any) -> None:
+        log_npu_environment(config.npu_kernel_backend)
+
+
 @hookimpl
 def dspark_components() -> list[Component]:
-    return [Component("device", "npu", "Ascend NPU via torch_npu (optional)")]
+    return [Component("device", "npu", "Ascend NPU via torch_npu (optional)", auto_priority=10)]
 
 
 @hookimpl
@@ -80,7 +85,7 @@ def dspark_device(name: str) -> DeviceSpec | None:
     if npu is None or not npu.is_available():
         raise ConfigError("device=npu: torch_npu is installed but reports no available NPU")
     fields = log_npu_environment()
-    return DeviceSpec(
+    return NpuDevice(
         name="npu",
         torch_device="npu",
         default_dtype="bfloat16",

@@ -9,17 +9,18 @@ plugin module itself is imported.
 from __future__ import annotations
 
 from dspark_core.components import Component
+from dspark_core.device import import_runtime
 from dspark_core.errors import ConfigError
 from dspark_core.graphs import CapturedGraphBackend, GraphApi
 from dspark_core.hookspecs import hookimpl
-from dspark_plugins.devices.npu import import_torch_npu
 
 _GRAPH_CALLS = ("NPUGraph", "graph", "Stream", "stream", "current_stream")
 
 
 def npu_graph_api() -> GraphApi:
     """The NPU counterparts of the CUDA graph calls (torch_npu registers ``torch.npu``)."""
-    import_torch_npu()
+    # the same message as the npu device's: aclgraph runs only on that device
+    import_runtime("torch_npu", needed_for="device=npu", hint="install dspark-core[npu] on an Ascend host")
     import torch
 
     npu = getattr(torch, "npu", None)
