@@ -47,6 +47,7 @@ class Launch:
     fingerprint: Fingerprint | None = None
     plan: CalibrationPlan | None = None
     table_note: str | None = None
+    model_family: Any = None  # the target's model-family plugin object, set by build_engine
 
 
 def pick_device(hooks: Hooks, name: str) -> DeviceSpec:
@@ -133,13 +134,14 @@ def graph_backend_name(launch: Launch) -> str:
 
 def build_engine(launch: Launch) -> Engine:
     """Load the models and construct the engine; then check table and plan against the real model."""
-    from dspark_core.models.loading import load_target
+    from dspark_core.models.loading import target_family
     from dspark_core.models.speculators_io import load_draft
 
     config = launch.config
     _resolve_paths(launch)
     dtype = getattr(torch, launch.dtype)
-    target = load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype, hooks=launch.hooks)
+    launch.model_family = target_family(launch.target_path, launch.hooks)
+    target = launch.model_family.load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype)
     draft = None
     if launch.draft_path is not None:
         draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=dtype)

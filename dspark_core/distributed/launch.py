@@ -27,8 +27,8 @@ from dspark_core.costs.fingerprint import launch_fingerprint
 from dspark_core.distributed.control import STOP, AnnouncingQueue, Channel, Heartbeat, follow
 from dspark_core.distributed.group import DistributedError, RankGroup, RankLostError, Timeouts, join
 from dspark_core.distributed.table import bring_up_ranks, check_same_launch
-from dspark_core.distributed.tp import shard_llama
 from dspark_core.engine.engine import Engine
+from dspark_core.errors import ConfigError
 from dspark_core.startup import Launch, build_engine, graph_backend_name, resolve_launch
 from dspark_core.table import CostTable
 
@@ -124,6 +124,23 @@ def _place_on_local_device(launch: Launch, rank: int) -> None:
         launch.device = attrs.evolve(spec, torch_device=f"{spec.torch_device}:{index}")
 
 
+def shard_target(family: object, target: object, rank: int, world_size: int, group=None) -> None:
+    """Cut ``target`` in place down to rank ``rank``'s tensor-parallel shard, through its model family.
+
+    The family plugin that loaded the target knows its layout
+    (``family.shard_target(target, rank, world_size, group)``); a family
+    without that method serves on one rank only.
+    """
+    if world_size == 1:
+        return
+    shard = getattr(family, "shard_target", None)
+    if shard is None:
+        name = getattr(family, "name", type(family).__name__)
+        raise ConfigError(f"tensor parallelism over {world_size} ranks: the {name!r} model family cannot shard "
+                          f"its target ({type(target).__name__}); run it with --nnodes=1")
+    shard(target, rank, world_size, group)
+
+
 def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: str | None = None) -> RankHandle:
     """Join the process group and build this rank's engine (sharded target); not yet warmed up.
 
@@ -147,7 +164,7 @@ def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: 
     try:
         engine = build_engine(launch)
         runner = engine.runner
-        shard_llama(runner.target, group.rank, group.world_size, group.model_group)
+        shard_target(launch.model_family, runner.target, group.rank, group.world_size, group.model_group)
         runner.target_cache = runner.target.new_cache(runner.num_slots + 1, runner.max_len)  # this rank's heads only
         if launch.fingerprint is None:
             launch.fingerprint = launch_fingerprint(

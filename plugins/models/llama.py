@@ -25,6 +25,12 @@ class LlamaFamily:
         """The target model; its tokenizer is ``model.tokenizer``."""
         return read_llama_checkpoint(path, device=device, dtype=dtype)
 
+    def shard_target(self, target: LlamaTarget, rank: int, world_size: int, group=None) -> LlamaTarget:
+        """Cut ``target`` in place to rank ``rank``'s tensor-parallel shard (KV heads and MLP columns)."""
+        from dspark_core.distributed.tp import shard_llama  # torch.distributed only when sharding
+
+        return shard_llama(target, rank, world_size, group)
+
 
 @hookimpl
 def dspark_components():
