@@ -82,10 +82,6 @@ class Request:
         """The last committed token: the next step's anchor row."""
         return self.output[-1]
 
-    @property
-    def anchor_position(self) -> int:
-        return self.length - 1
-
 
 @frozen
 class RequestOutput:

@@ -68,10 +68,6 @@ class ForwardBatch:
     def num_rows(self) -> int:
         return int(self.tokens.shape[0])
 
-    @property
-    def num_requests(self) -> int:
-        return int(self.slot_ids.shape[0])
-
     def to(self, device: torch.device | str) -> ForwardBatch:
         """The same batch with every tensor on ``device``."""
         return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device), self.row_offsets.to(device))
