@@ -203,7 +203,8 @@ def test_observers_see_every_decode_step(models, prompts):
     assert len(reports) == engine.counters.steps
     assert all(r.request_bucket == 4 and r.target_rows == 4 + sum(r.verify_lengths) for r in reports)
     assert max(max(r.verify_lengths) for r in reports) == 2
-    assert all(r.committed_tokens == sum(a + 1 for a in r.accepted) for r in reports)
+    # every decode step's committed tokens add up to the output, less the token each prefill made
+    assert sum(r.committed_tokens for r in reports) == 3 * (6 - 1)
 
 
 def test_cancel_frees_the_slot_and_keeps_finished_reasons(models, prompts):
