@@ -3,6 +3,11 @@
 Console rendering on a TTY, one JSON object per line otherwise (log shippers
 and tests read those). Each unit of work emits one rich event; the startup
 audit ("DSpark adaptive effective configuration") is the main one.
+
+Libraries that log through the standard :mod:`logging` module (uvicorn, and the
+server's own ``logging.getLogger(__name__)`` calls) are bridged into the same
+pipeline by :func:`bridge_stdlib_logging`, so a served process writes every
+line in one format.
 """
 
 from __future__ import annotations
@@ -65,6 +70,53 @@ def get_logger(name: str = "dspark_core") -> Any:
     """A structlog logger bound to ``component=name``."""
     configure_logging()
     return structlog.get_logger().bind(component=name)
+
+
+def _method_for(levelno: int) -> str:
+    # stdlib levels onto structlog's methods (uvicorn's TRACE, 5, counts as debug)
+    for floor, method in ((logging.CRITICAL, "critical"), (logging.ERROR, "error"), (logging.WARNING, "warning"),
+                          (logging.INFO, "info")):
+        if levelno >= floor:
+            return method
+    return "debug"
+
+
+class StructlogHandler(logging.Handler):
+    """A :mod:`logging` handler that re-emits each record through structlog.
+
+    The record's logger name becomes ``component``, its formatted message the
+    ``event``, and an attached exception the ``exception`` text; the configured
+    structlog processors then add the level and timestamp and render the line,
+    exactly as for a structlog call.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"component": record.name}
+            if record.exc_info:
+                fields["exception"] = logging.Formatter().formatException(record.exc_info)
+            getattr(structlog.get_logger(), _method_for(record.levelno))(record.getMessage(), **fields)
+        except Exception:  # logging must never raise into the caller
+            self.handleError(record)
+
+
+#: stdlib logger trees a served process bridges: uvicorn's and the server modules'.
+BRIDGED_LOGGERS = ("uvicorn", "dspark_core")
+
+
+def bridge_stdlib_logging(names: tuple[str, ...] = BRIDGED_LOGGERS) -> None:
+    """Send the stdlib loggers ``names`` (and their children) through structlog; idempotent.
+
+    They stop propagating to the root logger, so an application's own root
+    handler does not print the same line a second time in another format.
+    Pass ``log_config=None`` to uvicorn, or its own handlers print too.
+    """
+    configure_logging()
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, StructlogHandler) for h in logger.handlers):
+            logger.addHandler(StructlogHandler())
+        logger.propagate = False
 
 
 def emit_startup_audit(source: str, settings: Mapping[str, Any], geometry: Mapping[str, Any], **extra: Any) -> None:

@@ -12,6 +12,10 @@ connections close after ``keep_alive_timeout`` seconds, and connections beyond
 ``max_connections`` are answered 503 at once. Every such refusal carries the
 OpenAI error body. Slow request bodies are the app's business (``build_app``'s
 ``body_timeout``).
+
+uvicorn gets no logging configuration of its own: its loggers are bridged into
+structlog (:func:`dspark_core.audit.bridge_stdlib_logging`), so its lines look
+like every other line the process writes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import uvicorn
 from attrs import frozen
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from dspark_core.audit import bridge_stdlib_logging
 from dspark_core.server.fields import ApiError
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 503: "Service Unavailable"}
@@ -164,7 +169,11 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout: float |
             limits: HttpLimits | None) -> uvicorn.Config:
     timeout = None if graceful_timeout is None else max(1, int(graceful_timeout))
     limits = limits or HttpLimits()
-    return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=False,
+    # uvicorn's own log format is replaced by structlog's: no uvicorn logging config,
+    # its loggers (and the server's stdlib ones) go through the structlog bridge
+    bridge_stdlib_logging()
+    return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, log_config=None,
+                          access_log=False,
                           timeout_graceful_shutdown=timeout, http=protocol_with(limits),
                           timeout_keep_alive=limits.keep_alive_timeout,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
