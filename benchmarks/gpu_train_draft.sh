@@ -73,13 +73,13 @@ MAX_TOKENS=${MAX_TOKENS:-128}
 GEN_BATCH=${GEN_BATCH:-256}
 SHARD=${SHARD:-512}
 ROWS=${ROWS:-16384}
-ON_POLICY_MIN=${ON_POLICY_MIN:-2}
+ON_POLICY_MIN=${ON_POLICY_MIN:-1.5}
 STEPS=${STEPS:-2000}
 SEQS=${SEQS:-64}
 ANCHORS=${ANCHORS:-24}
 LR=${LR:-2e-3}
 EVAL_EVERY=${EVAL_EVERY:-100}
-TRAIN_MIN=${TRAIN_MIN:-2.0}
+TRAIN_MIN=${TRAIN_MIN:-1.75}
 INIT_LAYER=${INIT_LAYER:-}         # e.g. -1: warm-start the draft layer from the target's top layer
 EVAL_BATCH=${EVAL_BATCH:-16}
 EVAL_LIMIT=${EVAL_LIMIT:-0}
@@ -120,15 +120,17 @@ src=()
 [ -n "$SHAREGPT" ] && src=(--sharegpt="$SHAREGPT")
 run_dir=$WORK/run
 # 1. features (held-out on-policy, ShareGPT answers prefill-only, on-policy answers within ON_POLICY_MIN) + training
-stage train-draft 480 - "${CLI[@]}" train-draft --device="$DEVICE" --answers=on_policy,sharegpt "${src[@]}" \
+LIMIT_TRAIN=${LIMIT_TRAIN:-360}
+stop_at=$(( $(date +%s) + LIMIT_TRAIN - 25 ))  # training exports before the stage limit even if features ran long
+stage train-draft "$LIMIT_TRAIN" - "${CLI[@]}" train-draft --device="$DEVICE" --answers=on_policy,sharegpt "${src[@]}" \
   --prompts="$PROMPTS" --heldout="$HELDOUT" --max_prompt_chars="$MAX_PROMPT_CHARS" --max_tokens="$MAX_TOKENS" \
   --gen_batch="$GEN_BATCH" --shard_size="$SHARD" --rows_per_forward="$ROWS" --on_policy_minutes="$ON_POLICY_MIN" \
   --steps="$STEPS" --seqs_per_step="$SEQS" --anchors_per_seq="$ANCHORS" --lr="$LR" --eval_every="$EVAL_EVERY" \
-  --max_minutes="$TRAIN_MIN" --save_every=500 --seed=0 --features_dir="$WORK/features" --output="$run_dir" \
+  --max_minutes="$TRAIN_MIN" --stop_at="$stop_at" --save_every=500 --seed=0 --features_dir="$WORK/features" --output="$run_dir" \
   --no_progress "${extra[@]}" "${tiny[@]}"
 # 2. STS + shared offset on the held-out on-policy features (no target pass)
 if [ -d "$run_dir/draft" ]; then
-  stage calibrate 150 "$WORK/calibrate.json" "${CLI[@]}" calibrate-confidence --device="$DEVICE" --draft_model="$run_dir/draft" \
+  stage calibrate "${LIMIT_CALIBRATE:-60}" "$WORK/calibrate.json" "${CLI[@]}" calibrate-confidence --device="$DEVICE" --draft_model="$run_dir/draft" \
     --heldout="$run_dir/heldout-features.pt" --offset --output="$run_dir/draft-calibrated" --json "${tiny[@]}"
 fi
 # 3. MT-Bench first turns through the real engine (evaluation only; nothing is chosen on it)
@@ -137,7 +139,7 @@ if [ -d "$run_dir/draft-calibrated" ]; then
   eargs=(--device="$DEVICE" --draft_model="$run_dir/draft-calibrated" --widths="$WIDTHS" --max_tokens="$MAX_TOKENS"
          --batch="$EVAL_BATCH" --limit="$EVAL_LIMIT" --json "${tiny[@]}")
   [ -n "$eval_prompts" ] && eargs+=(--prompts="$eval_prompts")
-  stage eval-mtbench 240 "$WORK/eval-mtbench.json" "${CLI[@]}" eval-draft "${eargs[@]}"
+  stage eval-mtbench "${LIMIT_EVAL:-120}" "$WORK/eval-mtbench.json" "${CLI[@]}" eval-draft "${eargs[@]}"
 fi
 # 4. results under $OUT (at most 8 files, 16 MiB each): results.json, log.txt, the calibrated draft as tar parts
 "$PY" - "$WORK" "$OUT/results.json" <<'PY' 2>&1 | tee -a "$LOG"

@@ -290,3 +290,15 @@ def test_gpu_script_runs_on_the_cpu_in_tiny_mode(tmp_path):
     from dspark_core.models.speculators_io import load_draft
 
     assert load_draft(tmp_path / "back" / "draft-calibrated").config.sts_temperatures is not None
+
+
+def test_stop_at_ends_training_and_still_exports(tmp_path, capsys):
+    import time
+
+    from dspark_core.cli import main
+
+    assert main(["train-draft", "--tiny", f"--output={tmp_path}", "--steps=50", "--no_progress",
+                 f"--stop_at={time.time() - 1}"]) == 0
+    assert "trained 0 steps; no step" in capsys.readouterr().out
+    assert (tmp_path / "draft" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "train-summary.json").read_text())["steps_done"] == 0

@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
     a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
+    a("--stop_at", type=float, default=0.0, help="Also stop training (checkpoint + export) at this Unix time, e.g. "
+                                                "$(( $(date +%%s) + 300 )) for a run that must end within a time slot (0 = off).")
     a("--head_dtype", choices=("float32", "bfloat16"), default="bfloat16", help="Dtype of the frozen LM-head product while training. Default: bfloat16.")
     a("--seed", type=int, default=0, help="Seed for prompt choice, init, order and anchors. Default: 0.")
     a("--answers", default="on_policy",
@@ -81,7 +83,7 @@ def options_from_args(args: argparse.Namespace):
     warmup = min(30, max(1, args.steps // 10))
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                              lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes,
-                             head_dtype=args.head_dtype, warmup=warmup, greedy_prefix_only=greedy,
+                             head_dtype=args.head_dtype, warmup=warmup, greedy_prefix_only=greedy, stop_at=args.stop_at,
                              eval_every=args.eval_every, eval_anchors=args.eval_anchors)
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
@@ -94,7 +96,7 @@ def options_from_args(args: argparse.Namespace):
         common["settings"] = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
                                            save_every=args.save_every, warmup=warmup, greedy_prefix_only=greedy,
                                            eval_every=args.eval_every, eval_anchors=args.eval_anchors,
-                                           max_minutes=args.max_minutes)
+                                           max_minutes=args.max_minutes, stop_at=args.stop_at)
         common["shard_size"] = min(args.shard_size, 8)
         return PipelineOptions(heldout=min(args.heldout, 6), prompts=min(args.prompts, 24), max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
@@ -111,5 +113,6 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     _, _, losses, held = run_pipeline(opts, progress=not args.no_progress, log=log)
-    print(f"trained {len(losses)} steps; loss {losses[0]:.4f} -> {losses[-1]:.4f}; draft: {opts.output / 'draft'}; held-out: {held}")
+    span = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "no step (time budget already spent)"
+    print(f"trained {len(losses)} steps; {span}; draft: {opts.output / 'draft'}; held-out: {held}")
     return 0

@@ -44,6 +44,7 @@ class TrainSettings:
     seed: int = 0
     save_every: int = 100
     max_minutes: float = 0.0  # > 0: stop early (checkpoint + export) once this much wall time has passed
+    stop_at: float = 0.0  # > 0: also stop early at this wall-clock time (time.time()), e.g. a device call's deadline
     greedy_prefix_only: bool = False  # see losses.make_batch: drop proposals whose true prefix left the greedy path
     eval_every: int = 0  # > 0: held-out τ every N steps (curve.jsonl); the best checkpoint is kept
     eval_anchors: int = 16  # anchors per held-out sequence (fixed, seeded) for that evaluation
@@ -272,9 +273,10 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
     started = time.perf_counter()
     try:
         while step < settings.steps:
-            if settings.max_minutes > 0 and time.perf_counter() - started > 60 * settings.max_minutes:
+            over = settings.max_minutes > 0 and time.perf_counter() - started > 60 * settings.max_minutes
+            if over or (settings.stop_at > 0 and time.time() > settings.stop_at):
                 if log is not None:
-                    log(f"time budget of {settings.max_minutes} min reached at step {step}")
+                    log(f"time budget reached at step {step} (--max_minutes={settings.max_minutes}, --stop_at={settings.stop_at})")
                 if evaluating and step > 0 and step % settings.eval_every != 0:
                     evaluate(time.perf_counter() - started)  # the last weights are a candidate too
                 break
