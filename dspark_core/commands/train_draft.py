@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
     a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
-    a("--stop_at", type=float, default=0.0, help="Also stop training (checkpoint + export) at this Unix time, e.g. "
-                                                "$(( $(date +%%s) + 300 )) for a run that must end within a time slot (0 = off).")
+    a("--stop_at", type=float, default=0.0, help="Also stop training (checkpoint + export) at this Unix time (seconds), for a run that "
+                                                "must end within a time slot such as one device call (0 = off).")
     a("--head_dtype", choices=("float32", "bfloat16"), default="bfloat16", help="Dtype of the frozen LM-head product while training. Default: bfloat16.")
     a("--seed", type=int, default=0, help="Seed for prompt choice, init, order and anchors. Default: 0.")
     a("--answers", default="on_policy",
