@@ -94,6 +94,7 @@ elif [ "${SMALL:-0}" = 1 ]; then  # real SmolLM2, CPU-sized
   [ -f "$SHAREGPT" ] || SHAREGPT=""
 fi
 [ -n "$INIT_LAYER" ] && extra+=(--init_from_target_layer="$INIT_LAYER")
+[ "${TINY:-0}" = 1 ] || extra+=(--baseline_draft=default)  # the shipped draft on the same held-out set
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/log.txt
 : > "$LOG"

@@ -139,6 +139,12 @@ def test_heldout_curve_and_best_checkpoint(tmp_path):
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "draft" / name).read_bytes() == (tmp_path / "draft-best" / name).read_bytes()
     assert (tmp_path / "draft-last" / "model.safetensors").is_file()
+    # a baseline draft is measured on the same held-out set and anchors: the last weights again give the last curve point
+    other = tmp_path / "with-baseline"
+    run_pipeline(options(other, steps=1, eval_every=5, baseline_draft=str(tmp_path / "draft-last")), progress=False, log=quiet)
+    base = json.loads((other / "train-summary.json").read_text())["baseline"]
+    assert base["blocks"] == rows[-1]["heldout_blocks"]
+    assert base["tau"] == pytest.approx(rows[-1]["heldout_tau"], abs=0.05)  # float16 storage may flip a near tie
 
 
 def test_greedy_prefix_only_drops_proposals_after_an_off_greedy_token():

@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
       help="Initialise the draft layer(s) from this target layer (and the next ones), e.g. -1 for the top layer. Default: random.")
+    a("--baseline_draft", default=None, help="Also measure this draft (directory, or 'default' for the shipped one) on the "
+                                            "same held-out set and anchors, for comparison (train-summary.json: baseline).")
     a("--greedy_prefix_only", choices=("auto", "on", "off"), default="auto",
       help="Train proposal j of a block only where the true tokens before it are the target's greedy ones "
            "(auto: on when ShareGPT answers are used). Default: auto.")
@@ -90,7 +92,8 @@ def options_from_args(args: argparse.Namespace):
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
               "on_policy_prompts": args.on_policy_prompts,
               "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
-              "init_from_target_layer": args.init_from_target_layer, "device": str(device), "dtype": args.dtype,
+              "init_from_target_layer": args.init_from_target_layer,
+              "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,
               "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
     if args.tiny:
         common["settings"] = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,

@@ -83,6 +83,7 @@ class PipelineOptions:
     shard_size: int = 64
     rows_per_forward: int = 2048  # prefill-only source: rows per target forward
     init_from_target_layer: int | None = None
+    baseline_draft: str | None = None  # a draft directory (or "default") measured on the same held-out set, for comparison
     device: str = "cpu"
     dtype: str = "float32"
     features_on_device: bool = False  # keep the training features on the device (GPU: no host gather per step)
@@ -284,6 +285,17 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         torch.save(held.to_dict(), opts.output / "heldout-features.pt")
     log(f"features: {train_feats.num_sequences} training sequences, {int(train_feats.tokens.numel())} rows "
         f"({train_feats.answer_tokens} answer tokens); {len(held_pairs)} held-out sequences")
+    baseline = None
+    if opts.baseline_draft and held is not None:
+        from dspark_core.models.drafts import resolve_draft_path
+        from dspark_core.models.speculators_io import load_draft
+        from dspark_core.train.train import heldout_stats, target_to_draft_ids
+
+        path = resolve_draft_path(opts.baseline_draft, opts.target)
+        other = load_draft(path, device=device).bind_target(target)
+        baseline = {"draft": str(path), **heldout_stats(other, held, opts.settings, target_to_draft_ids(other).to(held.hidden.device))}
+        log(f"baseline {path} on the held-out set: tau {baseline['tau']:.4f} acc1 {baseline['acc1']:.4f}")
+        del other
     draft = init_draft(cfg, train_feats, opts.settings.seed)
     if opts.init_from_target_layer is not None:
         used = copy_target_layers(draft, target, opts.init_from_target_layer)
@@ -318,7 +330,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         "init_from_target_layer": opts.init_from_target_layer,
         "steps": opts.settings.steps, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
-        "best": info.get("best"), "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
+        "best": info.get("best"), "baseline": baseline, "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
     }, indent=2) + "\n")
     log(f"draft saved to {out}")
     return draft, target, losses, held_file
