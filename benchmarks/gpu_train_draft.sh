@@ -33,7 +33,7 @@ print(f"ShareGPT extract: {n} records -> .gpu/train/sharegpt.jsonl.gz")
 PY
   du -sh .gpu/train .gpu/part-* .gpu/whl
   last=$(ls .gpu/part-* | sort -V | tail -1)
-  echo "device calls (each right after the previous one):"
+  echo "device calls for this run (they replace the list stage.sh printed above; each right after the previous one):"
   n=$(ls .gpu/part-* | wc -l)
   echo "  1. carry [\".gpu/dev.sh\", \".gpu/whl\", \".gpu/part-0\"]   command: bash .gpu/dev.sh"
   for i in $(seq 1 $((n - 1))); do
