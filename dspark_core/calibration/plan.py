@@ -145,10 +145,13 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
         if ctx.prefill_tokens + progress > ctx.max_kv_length:
             raise ConfigError(f"{where}: prefill {ctx.prefill_tokens} + worst-case sampling progress {progress} "
                               f"exceeds max_kv_length {ctx.max_kv_length}; shorten the prefill or the steps")
-        plan += [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points]
-        # a draft-off step runs the bucket's smallest tier, so it needs that tier captured
-        plan += [ProbePoint(b, b, index, ctx.prefill_tokens, draft_off=True)
-                 for b in settings.request_buckets if settings.draft_off and b in geometry.rows_for(b)]
+        for bucket in settings.request_buckets:
+            plan += [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points if b == bucket]
+            # a draft-off step runs the bucket's smallest tier, so it needs that tier captured. It is
+            # probed right after the bucket's drafting points: the policy compares exactly these
+            # costs, and measuring them close in time keeps slow drift of a shared machine out of it
+            if settings.draft_off and bucket in geometry.rows_for(bucket):
+                plan.append(ProbePoint(bucket, bucket, index, ctx.prefill_tokens, draft_off=True))
     return tuple(plan)
 
 
