@@ -44,19 +44,13 @@ def synthetic_table(width: int, buckets: tuple[int, ...], *, per_row: float = 0.
     return CostTable(width, "additive", [IntervalFit(settings.contexts[0], table.fits[0].cost)])
 
 
-class OracleDraft:
-    """Test double wrapping a real draft: proposes the target's true greedy continuation,
-    corrupted at random positions, with informative confidences. It exercises the
-    accept paths (long and partial acceptance) that a random draft almost never hits."""
+class DraftDouble:
+    """Base of the test doubles: a real draft does the work (context, proposal shapes);
+    subclasses rewrite what ``propose`` returns."""
 
-    def __init__(self, draft, continuations: dict[tuple[int, ...], list[int]], seed: int = 0,
-                 corrupt: float = 0.25) -> None:
+    def __init__(self, draft) -> None:
         self.inner = draft
         self.config = draft.config
-        self.continuations = continuations  # prompt -> target-only greedy continuation
-        self.generator = torch.Generator().manual_seed(seed)
-        self.corrupt = corrupt
-        self.engine = None  # set by the test once the engine exists
 
     def bind_target(self, target):
         self.inner.bind_target(target)
@@ -67,6 +61,23 @@ class OracleDraft:
 
     def extend_context(self, hidden, positions, slot_of_row):
         self.inner.extend_context(hidden, positions, slot_of_row)
+
+    def propose(self, anchors, positions, slots):
+        return self.inner.propose(anchors, positions, slots)
+
+
+class OracleDraft(DraftDouble):
+    """Test double wrapping a real draft: proposes the target's true greedy continuation,
+    corrupted at random positions, with informative confidences. It exercises the
+    accept paths (long and partial acceptance) that a random draft almost never hits."""
+
+    def __init__(self, draft, continuations: dict[tuple[int, ...], list[int]], seed: int = 0,
+                 corrupt: float = 0.25) -> None:
+        super().__init__(draft)
+        self.continuations = continuations  # prompt -> target-only greedy continuation
+        self.generator = torch.Generator().manual_seed(seed)
+        self.corrupt = corrupt
+        self.engine = None  # set by the test once the engine exists
 
     def propose(self, anchors, positions, slots):
         tokens, confidences = self.inner.propose(anchors, positions, slots)

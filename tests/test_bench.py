@@ -194,3 +194,18 @@ def test_exactness_classifier_tells_near_ties_from_real_differences():
     summary = compare(target, [prompt] * 3, [reference] * 3, [reference, runner_up, reference[:4]], tie_margin=gap)
     assert (summary["identical"], summary["near_tie"], summary["real"]) == (1, 1, 1)
     assert summary["matching_prefix_tokens"] == 6 + 3 + 4
+
+
+def test_policy_list_accepts_single_fixed_widths():
+    from types import SimpleNamespace
+
+    from dspark_core.commands.bench import _policies
+    from dspark_core.plugins import default_hooks
+
+    engine = SimpleNamespace(hooks=default_hooks())
+    chosen = _policies(engine, ["adaptive", "fixed-k1", "fixed-k3"], 5)
+    assert list(chosen) == ["adaptive", "fixed-k1", "fixed-k3"]
+    assert (chosen["fixed-k1"].k, chosen["fixed-k3"].k) == (1, 3)
+    assert len(_policies(engine, ["fixed"], 5)) == 5
+    with pytest.raises(SystemExit, match="fixed-k6 needs 1 <= k <= K=5"):
+        _policies(engine, ["fixed-k6"], 5)

@@ -16,7 +16,7 @@ from dspark_core.geometry import legal_tiers
 from dspark_core.plugins import default_hooks
 from dspark_core.policy import TierContext
 from dspark_core.table import default_lookup, fit_table, loads_table, dumps_table
-from engine_support import greedy_references, random_prompts, tiny_pair
+from engine_support import DraftDouble, greedy_references, random_prompts, tiny_pair
 
 WIDTH = 5
 PHASE = 24  # generated tokens per quality phase of the switching draft
@@ -149,26 +149,15 @@ def references(models, prompts):
     return greedy_references(models[0], prompts, 4 * PHASE)
 
 
-class SwitchingDraft:
+class SwitchingDraft(DraftDouble):
     """Test double: drafts the target's true continuation in good phases and wrong tokens in
     useless ones, always claiming confidence 0.9, so only realized acceptance tells them apart.
     The phase follows the generated-token index of the anchor: good, useless, good, useless."""
 
     def __init__(self, draft, prompts, references) -> None:
-        self.inner = draft
-        self.config = draft.config
+        super().__init__(draft)
         self.truth = {tuple(p): list(p) + r for p, r in zip(prompts, references)}
         self.engine = None
-
-    def bind_target(self, target):
-        self.inner.bind_target(target)
-        return self
-
-    def allocate_context(self, num_slots, max_len):
-        return self.inner.allocate_context(num_slots, max_len)
-
-    def extend_context(self, hidden, positions, slot_of_row):
-        self.inner.extend_context(hidden, positions, slot_of_row)
 
     def propose(self, anchors, positions, slots):
         tokens, confidences = self.inner.propose(anchors, positions, slots)
@@ -253,23 +242,12 @@ def test_draft_off_steps_extend_the_draft_context(models, prompts):
 
 # -- the age of the tier's confidences ---------------------------------------------------------
 
-class StampingDraft:
+class StampingDraft(DraftDouble):
     """Test double: every proposal's confidences encode the number of the step that made it."""
 
     def __init__(self, draft) -> None:
-        self.inner = draft
-        self.config = draft.config
+        super().__init__(draft)
         self.calls = 0
-
-    def bind_target(self, target):
-        self.inner.bind_target(target)
-        return self
-
-    def allocate_context(self, num_slots, max_len):
-        return self.inner.allocate_context(num_slots, max_len)
-
-    def extend_context(self, hidden, positions, slot_of_row):
-        self.inner.extend_context(hidden, positions, slot_of_row)
 
     def propose(self, anchors, positions, slots):
         tokens, confidences = self.inner.propose(anchors, positions, slots)
@@ -312,3 +290,4 @@ def test_tier_confidences_are_exactly_tier_lag_steps_old(models, prompts, refere
     assert list(out[0].token_ids) == references[0][:30]
     assert len(recorder.ages) >= out[0].steps - lag - 1
     assert set(recorder.ages) == {lag}
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft_model", default="default", help="DSpark draft (in-process mode).")
     parser.add_argument("--num_speculative_tokens", type=int, default=7, help="Draft width K.")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="Comma-separated budget policies; `fixed` expands to fixed k=1..K.")
+                        help="Comma-separated budget policies; `fixed` expands to fixed k=1..K, `fixed-kN` is one width.")
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
     parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16], help="Concurrency sweep.")
     parser.add_argument("--prompts_per_concurrency", type=_ints, default=[2, 4, 16],
@@ -67,9 +68,15 @@ def _engine(args: argparse.Namespace):
 def _policies(engine, names: list[str], width: int) -> dict[str, object]:
     policies: dict[str, object] = {}
     for name in names:
+        single = re.fullmatch(r"fixed-k(\d+)", name)
         if name == "fixed":
             for k in range(1, width + 1):
                 policies[f"fixed-k{k}"] = engine.hooks.budget_policy("fixed", {"k": k})
+        elif single:  # one fixed width, e.g. fixed-k1
+            k = int(single.group(1))
+            if not 1 <= k <= width:
+                raise SystemExit(f"--policies: {name} needs 1 <= k <= K={width}")
+            policies[name] = engine.hooks.budget_policy("fixed", {"k": k})
         else:
             policies[name] = engine.hooks.budget_policy(name, {})
     return policies

@@ -79,7 +79,7 @@ class AdaptivePolicy:
     uses_draft: bool = True
     draft_off: bool = True  # may plan draft-off steps when the table has their cost
     forecast_correction: bool = True  # scale expectations by realized / predicted
-    max_probe_interval: int = 32
+    max_probe_interval: int = 64
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +146,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
-    interval = options.get("max_probe_interval", 32)
+    interval = options.get("max_probe_interval", 64)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise ConfigError(f"budget policy 'adaptive': max_probe_interval must be an integer >= 1, got {interval!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag,
