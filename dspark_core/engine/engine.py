@@ -8,6 +8,7 @@ at once without schedule overlap, one step later with it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -60,6 +61,9 @@ class Engine:
         self._decode_index = 0  # decode steps built so far; a step's confidences are keyed by it
         # the newest launched decode step and its requests (for the lag-1 early proposal)
         self._last_decode: tuple[DecodeStep, list[Request]] | None = None
+        # (step index, mean confidences over the step's requests) of recent drafted steps: what a
+        # request without a drafted block of its own is assumed to look like
+        self._population: deque[tuple[int, np.ndarray]] = deque(maxlen=4)
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
         self._observers: list[Callable[[StepReport], None]] = []
         self.work = StartupWork()
@@ -208,13 +212,21 @@ class Engine:
         confidences = last.proposal_ready.result()
         for row, request in enumerate(requests):
             _remember(request, index, confidences[row])
+        _remember_population(self._population, index, confidences)
 
     def _confidences_up_to(self, request: Request, index: int) -> np.ndarray:
-        """The request's newest drafted confidences from a step no later than ``index``
-        (all ones when it has none: assume every drafted token survives, i.e. full width)."""
-        for step_index, confidences in reversed(request.confidence_history):
-            if step_index <= index:
-                return confidences
+        """The request's newest drafted confidences from a step no later than ``index``.
+
+        A request with none (it just joined) gets the mean block of the newest
+        such step of the whole batch, and only when nothing was drafted yet all
+        ones (every drafted token assumed to survive: full width). Assuming full
+        survival for every newcomer would make a weak draft run at full width
+        on each new request's first steps.
+        """
+        for history in (request.confidence_history, self._population):
+            for step_index, confidences in reversed(history):
+                if step_index <= index:
+                    return confidences
         return np.ones(self.config.draft_width)
 
     def _device_prefill(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
@@ -252,6 +264,8 @@ class Engine:
                                 ctx.tiers, ctx.tier_costs, draft_off=not result.drafted,
                                 draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale)
             observe_step(step.policy, report)
+            if result.drafted:
+                _remember_population(self._population, step.index, result.confidences)
             for observer in self._observers:
                 observer(report)
             for i, request in enumerate(job.requests):
@@ -306,6 +320,12 @@ class Engine:
     def close(self) -> None:
         """Stop the device executor (pending work finishes first)."""
         self.queue.close()
+
+
+def _remember_population(population: deque[tuple[int, np.ndarray]], step_index: int, confidences: np.ndarray) -> None:
+    """Keep a drafted step's mean block once (the lag-1 path may have delivered it early)."""
+    if len(confidences) and (not population or population[-1][0] != step_index):
+        population.append((step_index, np.asarray(confidences, dtype=np.float64).mean(axis=0)))
 
 
 def _remember(request: Request, step_index: int, confidences: np.ndarray) -> None:
