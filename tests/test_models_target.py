@@ -99,3 +99,16 @@ def test_errors_are_clear():
         make_forward_batch([[]], [0], [0])
     with pytest.raises(ModelError, match="context limit"):
         model.new_cache(1, 10_000)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7])
+def test_packed_linear_matches_f_linear_for_every_row_count(rows):
+    # 2-3 rows are padded to 4 on the CPU (a faster BLAS path); the padding must never leak out
+    from dspark_core.models.layers import linear
+
+    gen = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 24, generator=gen), torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    out = linear(x, w, b)
+    assert out.shape == (rows, 40)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)

@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import RowLayout, apply_rope, attend, rms_norm, rope_cos_sin, swiglu
+from dspark_core.models.layers import RowLayout, apply_rope, attend, linear, rms_norm, rope_cos_sin, swiglu
 
 
 def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -104,7 +103,7 @@ class LlamaTarget(nn.Module):
     def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         c = self.head_config
         n = x.shape[0]
-        qkv = F.linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
+        qkv = linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q = qkv[:, :q_size].view(n, c.num_heads, c.head_dim)
         k = qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim)
@@ -119,7 +118,7 @@ class LlamaTarget(nn.Module):
 
     def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head, float32 logits."""
-        return F.linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+        return linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -141,7 +140,7 @@ class LlamaTarget(nn.Module):
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
             keys, values = cache.read(i, batch.slot_ids, layout.kv_len)
-            x = x + self._reduce(F.linear(attend(q, keys, values, layout, mask), layer.o_proj))
+            x = x + self._reduce(linear(attend(q, keys, values, layout, mask), layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
