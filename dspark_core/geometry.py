@@ -24,6 +24,22 @@ def full_width_rows(request_bucket: int, draft_width: int) -> int:
     return request_bucket * (draft_width + 1)
 
 
+#: Decode steps that may be launched ahead of the host's processing: the one
+#: running and, with schedule overlap, the next one built while it runs.
+LAUNCHED_STEPS = 2
+
+
+def kv_reserve(draft_width: int) -> int:
+    """Context positions kept free per request beyond its committed tokens.
+
+    Every launched step may write ``draft_width + 1`` rows (the anchor and the
+    drafted tokens) into the KV cache before the host sees its results, and up
+    to :data:`LAUNCHED_STEPS` steps are in flight, so admission, KV sizing and
+    the server's length check all leave this much room.
+    """
+    return LAUNCHED_STEPS * (draft_width + 1)
+
+
 def default_request_buckets(max_seqs_per_batch: int, graph_batch_limit: int | None = None) -> tuple[int, ...]:
     """Powers of two up to the batch limit, plus the limit itself."""
     limit = max_seqs_per_batch if graph_batch_limit is None else min(max_seqs_per_batch, graph_batch_limit)

@@ -19,12 +19,13 @@ from attrs import define
 
 from dspark_core.calibration.plan import CalibrationFile, CalibrationPlan, read_calibration_file, resolve_plan
 from dspark_core.config import ServeConfig
-from dspark_core.costs.fingerprint import Fingerprint, launch_fingerprint
+from dspark_core.costs.fingerprint import Fingerprint
 from dspark_core.device import DeviceSpec, resolve_dtype
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.errors import ConfigError
-from dspark_core.geometry import Geometry, default_request_buckets
+from dspark_core.geometry import Geometry
 from dspark_core.plugins import Hooks, load_hooks
+from dspark_core.resolve import captured_geometry, fingerprint_for, graph_backend_for, pick_device
 from dspark_core.table import CostTable, check_compatible, check_output_path, load_table
 from dspark_core.validate import check_config
 
@@ -50,25 +51,6 @@ class Launch:
     model_family: Any = None  # the target's model-family plugin object, set by build_engine
 
 
-def pick_device(hooks: Hooks, name: str) -> DeviceSpec:
-    """``auto``: the first usable device in the plugins' ``auto_priority`` order.
-
-    With the default plugins: CUDA when usable, then an NPU when torch_npu is
-    installed and sees one, else the CPU (whose error, if any, is raised).
-    """
-    if name != "auto":
-        return hooks.device(name)
-    candidates = hooks.auto_device_names()
-    if not candidates:
-        raise ConfigError("device=auto: no device plugin declares an auto_priority; name a device with --device")
-    for candidate in candidates[:-1]:
-        try:
-            return hooks.device(candidate)
-        except ConfigError:  # not usable here: try the next
-            continue
-    return hooks.device(candidates[-1])
-
-
 def pick_policy(config: ServeConfig) -> tuple[str, dict[str, Any]]:
     try:
         options = json.loads(config.budget_policy_options)
@@ -88,17 +70,13 @@ def resolve_launch(config: ServeConfig) -> Launch:
     check_config(config)
     hooks = load_hooks(config.plugin)
     device = pick_device(hooks, config.device)
-    buckets = default_request_buckets(config.max_seqs_per_batch, config.acl_graph_decode_batch_size_limit)
-    width = config.num_speculative_tokens if config.speculative else 0
     policy, options = pick_policy(config)
-    capture = Geometry.bucket_multiples if config.captured_target_rows == "bucket_multiples" else Geometry.all_tiers
-    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), capture(width, buckets), policy, options)
+    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), captured_geometry(config), policy, options)
     prepare = getattr(device, "prepare_launch", None)  # device-specific flags (threads, environment report)
     if prepare is not None:
         prepare(config)
     if config.enable_graph:
-        backend = device.default_graph_backend if config.python_graph_backend == "auto" else config.python_graph_backend
-        hooks.graph_backend(backend, device)  # fails now, not after loading, when it cannot run here
+        hooks.graph_backend(graph_backend_for(config, device), device)  # fails now, not after loading, when it cannot run here
     if config.adaptive_dspark_cost_table_output:
         check_output_path(config.adaptive_dspark_cost_table_output)
     if config.adaptive_dspark_calibration:
@@ -126,10 +104,14 @@ def _resolve_paths(launch: Launch) -> None:
 
 
 def graph_backend_name(launch: Launch) -> str:
-    if not launch.config.enable_graph:
-        return "disabled"
-    name = launch.config.python_graph_backend
-    return launch.device.default_graph_backend if name == "auto" else name
+    """The launch's graph backend (``disabled`` without ``--enable_graph``)."""
+    return graph_backend_for(launch.config, launch.device)
+
+
+def fingerprint_launch(launch: Launch) -> Fingerprint:
+    """The launch's fingerprint, from what it resolved (device, dtype, geometry, checkpoint paths)."""
+    return fingerprint_for(launch.config, launch.device, geometry=launch.geometry, dtype=launch.dtype,
+                           target_path=launch.target_path, draft_path=launch.draft_path)
 
 
 def build_engine(launch: Launch) -> Engine:
@@ -158,9 +140,7 @@ def build_engine(launch: Launch) -> Engine:
     geometry = launch.geometry if launch.geometry.draft_width else None
     engine = Engine(target, draft, engine_config, hooks=launch.hooks, geometry=geometry, graphs=graphs)
     if config.adaptive:
-        launch.fingerprint = launch_fingerprint(
-            config, launch.geometry, device=launch.device.name, graph_backend=graph_backend_name(launch),
-            dtype=launch.dtype, target_path=launch.target_path, draft_path=launch.draft_path)
+        launch.fingerprint = fingerprint_launch(launch)
         _check_table_or_plan(launch, engine)
     return engine
 

@@ -93,3 +93,12 @@ def test_plot_needs_measured_points(tmp_path, capsys):
     legacy.write_text(json.dumps(LEGACY))
     assert main(["table", "plot", str(legacy), "-o", str(tmp_path / "x.png")]) == 2
     assert "has no measured points" in capsys.readouterr().err
+
+
+def test_validate_against_honours_captured_target_rows(launch, capsys):
+    """The table was fitted for every tier; a launch capturing only bucket multiples is another geometry."""
+    flags, path = launch
+    assert main(["table", "validate", str(path), "--against", *flags, "--captured_target_rows=all"]) == 0
+    capsys.readouterr()
+    assert main(["table", "validate", str(path), "--against", *flags, "--captured_target_rows=bucket_multiples"]) == 1
+    assert "execution.geometry.tiers" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from dspark_core.convert import converter, load_json_file
 from dspark_core.costs.base import check_grid
 from dspark_core.errors import ConfigError
 from dspark_core.fit_settings import CalibrationSettings, ContextInterval, TargetRows, normalize_rows, structure_rows
-from dspark_core.geometry import Geometry, full_width_rows
+from dspark_core.geometry import Geometry, full_width_rows, kv_reserve
 
 #: The cost model a calibration without a ``model`` field fits. Only a default *name*,
 #: like the ``--budget_policy`` default: it is resolved through the ``dspark_cost_model``
@@ -89,7 +89,7 @@ def worst_case_progress(settings: CalibrationSettings) -> int:
     """KV positions one probe point may advance: every step commits up to K+1 tokens,
     plus the two launched steps in flight beyond the last processed one."""
     steps = max(settings.warmup_steps, 1) + settings.window_steps * settings.windows_per_point
-    return (steps + 2) * (settings.draft_width + 1) + 1
+    return steps * (settings.draft_width + 1) + kv_reserve(settings.draft_width) + 1
 
 
 def _default_contexts(kv_limit: int, progress: int) -> tuple[ContextInterval, ...]:

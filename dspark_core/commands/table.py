@@ -45,32 +45,21 @@ def _hooks(plugins: list[str]) -> Any:
     return load_hooks(plugins)
 
 
-def _resolved_execution(config: Any, hooks: Any) -> tuple[str | None, str | None, str | None]:
-    """Resolve ``auto`` device, graph backend and dtype the way a launch on this host would."""
-    names = hooks.auto_device_names() if config.device == "auto" else [config.device]
-    for name in names:
-        try:
-            spec = hooks.device(name)
-        except DSparkError:
-            continue
-        backend = spec.default_graph_backend if config.python_graph_backend == "auto" else None
-        if not config.enable_graph:
-            backend = "disabled"
-        dtype = spec.default_dtype if config.dtype == "auto" else None
-        return spec.name, backend, dtype
-    return None, None, None
-
-
 def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
+    """The fingerprint a launch with serve flags ``argv`` would record on this host, and its draft width.
+
+    Resolution (device, graph backend, dtype, captured tiers) is the launch's
+    own (``dspark_core.resolve``); only a device this host cannot use is
+    tolerated here, since a table may be checked away from the machine it is for.
+    """
     from dspark_core.config import parse_serve_args
-    from dspark_core.costs.fingerprint import launch_fingerprint
-    from dspark_core.geometry import Geometry, default_request_buckets
+    from dspark_core.resolve import fingerprint_for, pick_device
 
     config = parse_serve_args(argv)
-    k = config.num_speculative_tokens
-    # The default capture: every legal tier of every default bucket.
-    buckets = default_request_buckets(config.max_seqs_per_batch, config.acl_graph_decode_batch_size_limit)
-    device, backend, dtype = _resolved_execution(config, hooks)
+    try:
+        device = pick_device(hooks, config.device)
+    except DSparkError:  # not usable here: the flags' own values stand in
+        device = None
     paths = {}
     for key, value in (("target_path", config.model), ("draft_path", config.draft_model)):
         if value:
@@ -80,9 +69,7 @@ def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
                 paths[key] = resolve_model_path(value)
             except ImportError:
                 paths[key] = value
-    fingerprint = launch_fingerprint(config, Geometry.all_tiers(k, buckets), device=device, graph_backend=backend,
-                                     dtype=dtype, **paths)
-    return fingerprint, k
+    return fingerprint_for(config, device, **paths), config.num_speculative_tokens
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,13 +23,12 @@ from attrs import define, field
 
 from dspark_core.audit import get_logger
 from dspark_core.config import ServeConfig
-from dspark_core.costs.fingerprint import launch_fingerprint
 from dspark_core.distributed.control import STOP, AnnouncingQueue, Channel, Heartbeat, follow
 from dspark_core.distributed.group import DistributedError, RankGroup, RankLostError, Timeouts, join
 from dspark_core.distributed.table import bring_up_ranks, check_same_launch
 from dspark_core.engine.engine import Engine
 from dspark_core.errors import ConfigError
-from dspark_core.startup import Launch, build_engine, graph_backend_name, resolve_launch
+from dspark_core.startup import Launch, build_engine, fingerprint_launch, resolve_launch
 from dspark_core.table import CostTable
 
 log = get_logger("distributed")
@@ -167,9 +166,7 @@ def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: 
         shard_target(launch.model_family, runner.target, group.rank, group.world_size, group.model_group)
         runner.target_cache = runner.target.new_cache(runner.num_slots + 1, runner.max_len)  # this rank's heads only
         if launch.fingerprint is None:
-            launch.fingerprint = launch_fingerprint(
-                launch.config, launch.geometry, device=launch.device.name, graph_backend=graph_backend_name(launch),
-                dtype=launch.dtype, target_path=launch.target_path, draft_path=launch.draft_path)
+            launch.fingerprint = fingerprint_launch(launch)
         check_same_launch(group, launch.fingerprint)
         channel = Channel(group)
         handle = RankHandle(launch, engine, group, channel)

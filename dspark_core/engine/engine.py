@@ -27,7 +27,7 @@ from dspark_core.engine.slots import SlotStorage
 from dspark_core.engine.step import DecodeStep, StepResult, collect
 from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
-from dspark_core.geometry import Geometry
+from dspark_core.geometry import Geometry, kv_reserve
 from dspark_core.graphs import GraphBackend
 from dspark_core.plugins import Hooks, default_hooks
 from dspark_core.policy import TierContext, observe_step, plan_step
@@ -123,8 +123,8 @@ class Engine:
         ids = self.encode(prompt)
         if not ids:
             raise ConfigError("prompt: must not be empty")
-        # room for the output plus two launched steps of K+1 rows past the last commit
-        need = len(ids) + params.max_tokens + 2 * (self.config.draft_width + 1)
+        # room for the output plus the rows launched steps may write past the last commit
+        need = len(ids) + params.max_tokens + kv_reserve(self.config.draft_width)
         if need > self.max_model_len:
             raise ConfigError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) + 2 x (draft width + 1) = {need} "
@@ -174,7 +174,7 @@ class Engine:
         index = self._decode_index
         self._decode_index += 1
         bucket = self.geometry.bucket_for(n)
-        kv = max(r.length for r in running) + 2 * (width + 1)
+        kv = max(r.length for r in running) + kv_reserve(width)
         tiers = self.geometry.rows_for(bucket)
         draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
         ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)

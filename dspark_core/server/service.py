@@ -21,6 +21,7 @@ from typing import Any
 
 from dspark_core.engine.request import RequestOutput, SamplingParams
 from dspark_core.errors import ConfigError
+from dspark_core.geometry import kv_reserve
 from dspark_core.server import events
 from dspark_core.server.events import Failed, Finished, Submission, Tokens
 
@@ -38,7 +39,7 @@ class AsyncEngineService:
         self.max_pending = max_pending
         self.max_model_len = engine.max_model_len
         self.draft_width = engine.config.draft_width
-        self.reserve = 2 * (self.draft_width + 1)  # the engine keeps room for two launched steps
+        self.reserve = kv_reserve(self.draft_width)  # the room the engine keeps for launched steps
         self.tokenizer = engine.tokenizer
         self.vocab_size = engine.runner.target.config.vocab_size
         self._cond = threading.Condition()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dspark_core.geometry import kv_reserve
 from dspark_core.train.blocks import train_blocks
 from dspark_core.train.features import FeatureSet, compute_features
 from dspark_core.train.losses import answer_span
@@ -30,7 +31,7 @@ def engine_acceptance(target, draft, prompt_ids: list[list[int]], *, width: int,
 
     longest = max(len(p) for p in prompt_ids)
     cfg = EngineConfig(draft_width=width, policy="fixed", request_buckets=tuple(buckets),
-                       max_model_len=longest + max_tokens + 2 * (width + 1) + 8)
+                       max_model_len=longest + max_tokens + kv_reserve(width) + 8)
     engine = Engine(target, draft, cfg)
     verified_at = np.zeros(width)
     survived_at = np.zeros(width)
