@@ -284,7 +284,7 @@ def test_tier_confidences_are_exactly_tier_lag_steps_old(models, prompts, refere
                                                    schedule_overlap=overlap))
     engine.install_table(table_with_draft_off((1,), off_seconds=1.0))  # draft-off never pays here
     recorder = AgeRecorder(default_hooks().budget_policy(policy, options), stamping)
-    engine.policy = recorder
+    engine.set_policy(recorder)
     out = engine.generate([prompts[0]], SamplingParams(max_tokens=30, ignore_eos=True))
     engine.close()
     assert list(out[0].token_ids) == references[0][:30]

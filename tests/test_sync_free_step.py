@@ -76,7 +76,7 @@ def recorded_run(models, prompts, references, policy, options, *, overlap, captu
         engine.warmup()
         engine.mark_ready()
     reads: set[tuple[str, str]] = set()
-    device_decode = engine._device_decode
+    device_decode = engine.decode_on_device
 
     def recorded(step):
         with host_reads() as recorder:
@@ -84,7 +84,7 @@ def recorded_run(models, prompts, references, policy, options, *, overlap, captu
         reads.update(recorder.reads)
         return result
 
-    engine._device_decode = recorded
+    engine.decode_on_device = recorded
     outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     engine.close()
     assert [list(o.token_ids) for o in outputs] == references

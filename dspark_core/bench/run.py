@@ -95,7 +95,7 @@ def step_model_cost(report: StepReport) -> float | None:
 def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int, max_tokens: int,
              cell: CellRecord) -> None:
     """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``."""
-    engine.policy = policy
+    engine.set_policy(policy)
     cell.uses_draft = bool(getattr(policy, "uses_draft", True))
     params = SamplingParams(max_tokens=max_tokens)
     pending = list(indices)

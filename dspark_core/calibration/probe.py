@@ -58,26 +58,25 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
         if report.live_requests == point.request_bucket:
             stamps.append(time.perf_counter())
 
-    saved_policy, engine.policy = engine.policy, ForcedTier(point.target_rows, not point.draft_off)
-    engine.add_observer(observe)
     requests = []
-    try:
-        params = SamplingParams(max_tokens=needed * (settings.draft_width + 1) + 1, ignore_eos=True)
-        for _ in range(point.request_bucket):
-            prompt = torch.randint(0, vocab, (point.prefill_tokens,), generator=generator).tolist()
-            requests.append(engine.add_request(prompt, params))
-        while len(stamps) < needed + 1:
-            engine.step()
-            if all(r.finish_reason is not None for r in requests):
-                raise ConfigError(f"calibration: requests of point {point} finished before {needed} steps")
-    finally:
-        for request in requests:
-            if request.finish_reason is None:
-                engine.cancel(request)
-        while engine.queue.in_flight:
-            engine.step()  # drain launched steps so the next point starts clean
-        engine.remove_observer(observe)
-        engine.policy = saved_policy
+    with engine.use_policy(ForcedTier(point.target_rows, not point.draft_off)):
+        engine.add_observer(observe)
+        try:
+            params = SamplingParams(max_tokens=needed * (settings.draft_width + 1) + 1, ignore_eos=True)
+            for _ in range(point.request_bucket):
+                prompt = torch.randint(0, vocab, (point.prefill_tokens,), generator=generator).tolist()
+                requests.append(engine.add_request(prompt, params))
+            while len(stamps) < needed + 1:
+                engine.step()
+                if all(r.finish_reason is not None for r in requests):
+                    raise ConfigError(f"calibration: requests of point {point} finished before {needed} steps")
+        finally:
+            for request in requests:
+                if request.finish_reason is None:
+                    engine.cancel(request)
+            while engine.queue.in_flight:
+                engine.step()  # drain launched steps so the next point starts clean
+            engine.remove_observer(observe)
     samples = []
     for w in range(settings.windows_per_point):
         start = stamps[warmup - 1 + w * settings.window_steps]

@@ -245,7 +245,7 @@ class WindowRecorder:
 
 def replay_prefill(engine, payload: list[int]) -> None:
     prompts, slots = decode_prefill(payload)
-    engine._device_prefill(prompts, slots)
+    engine.prefill_on_device(prompts, slots)
 
 
 def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
@@ -259,7 +259,7 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
     step = DecodeStep(engine.runner, engine.storage, policy, ctx, torch.tensor(slots, dtype=torch.int64, device=device),
                       torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft))
-    engine._device_decode(step)
+    engine.decode_on_device(step)
     return live
 
 

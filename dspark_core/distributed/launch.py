@@ -171,8 +171,7 @@ def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: 
         channel = Channel(group)
         handle = RankHandle(launch, engine, group, channel)
         if group.is_rank0:
-            engine.queue.close()
-            engine.queue = AnnouncingQueue(engine.config.schedule_overlap, channel, handle._on_lost)
+            engine.replace_queue(AnnouncingQueue(engine.config.schedule_overlap, channel, handle._on_lost))
     except BaseException:
         group.close()
         raise

@@ -9,7 +9,8 @@ at once without schedule overlap, one step later with it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future
 from typing import Any
 
@@ -107,6 +108,38 @@ class Engine:
     def table(self):
         return self.costs.table
 
+    # -- what callers outside the engine may swap ---------------------------------
+    def set_policy(self, policy) -> None:
+        """Choose every following step's budget with ``policy`` (a :class:`BudgetPolicy` object).
+
+        Steps already built keep the policy they were built with; that one
+        also observes their reports, so a swap never mixes two policies' state.
+        """
+        if policy.uses_draft and self.runner.draft is None:
+            raise ConfigError(f"budget policy {getattr(policy, 'name', policy)!r} needs a draft model; "
+                              "this engine was built without one")
+        self.policy = policy
+
+    @contextmanager
+    def use_policy(self, policy) -> Iterator[None]:
+        """Serve with ``policy`` inside the ``with`` block, then with the previous policy again."""
+        saved = self.policy
+        self.set_policy(policy)
+        try:
+            yield
+        finally:
+            self.policy = saved
+
+    def replace_queue(self, queue: DeviceQueue) -> None:
+        """Route device work through ``queue`` from now on (multi-rank: a queue that announces each job).
+
+        Only while no device work is in flight; the old queue's executor is stopped.
+        """
+        if self.queue.in_flight:
+            raise RuntimeError("replace_queue: device work is still in flight")
+        self.queue.close()
+        self.queue = queue
+
     # -- requests --------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a raw text prompt, a chat message list or already-tokenized ids."""
@@ -151,12 +184,12 @@ class Engine:
         finished: list[RequestOutput] = []
         admitted = self.scheduler.admit()
         if admitted:
-            self.queue.submit("prefill", admitted, self._device_prefill, [r.prompt for r in admitted],
+            self.queue.submit("prefill", admitted, self.prefill_on_device, [r.prompt for r in admitted],
                               [r.slot for r in admitted])
         running = list(self.scheduler.running)
         if running:
             step = self._build_step(running)
-            self.queue.submit("decode", running, self._device_decode, step, context=step)
+            self.queue.submit("decode", running, self.decode_on_device, step, context=step)
         while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
             self._process(*self.queue.pop_oldest(), finished)
         return finished
@@ -229,13 +262,24 @@ class Engine:
                     return confidences
         return np.ones(self.config.draft_width)
 
-    def _device_prefill(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
+    # -- device work (run by the queue's executor; multi-rank workers call it directly) --
+    def prefill_on_device(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
+        """Prefill ``prompts`` into ``slots`` and start their slot storage; returns each first token.
+
+        Runs on the calling thread with no scheduling: the engine's queue calls
+        it for admitted requests, and a multi-rank worker to replay rank 0's prefill.
+        """
         first = self.runner.prefill(prompts, slots)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.runner.device)  # noqa: E731
         self.storage.start(as_long(slots), as_long([len(p) for p in prompts]), first)
         return first.tolist()
 
-    def _device_decode(self, step: DecodeStep) -> StepResult:
+    def decode_on_device(self, step: DecodeStep) -> StepResult:
+        """Run one built decode step's stages (propose, select_budget, verify, commit) and collect it.
+
+        Runs on the calling thread: the engine's queue calls it for the steps
+        ``step()`` builds, a multi-rank worker for the steps it replays.
+        """
         try:
             proposal = self.hooks.propose(step)
             budget = self.hooks.select_budget(step, proposal)
