@@ -9,7 +9,10 @@ Wiring (what ``dspark-core serve`` does)::
 
 Modules: :mod:`.service` (engine thread, admission, cancellation),
 :mod:`.schema` (request validation), :mod:`.responses` (OpenAI shapes, SSE),
-:mod:`.metrics` (Prometheus), :mod:`.app` (routes), :mod:`.http` (uvicorn).
+:mod:`.metrics` (Prometheus), :mod:`.app` (routes and the small endpoints),
+:mod:`.generation` (the two generation endpoints), :mod:`.prepare` (parse,
+render, tokenize off the event loop), :mod:`.failures` (error bodies),
+:mod:`.http` (uvicorn).
 """
 
 from dspark_core.server.app import build_app

@@ -1,0 +1,181 @@
+"""The two generation endpoints: admission, the engine round trip, and the JSON or SSE answer.
+
+One :class:`GenerationHandler` serves ``/v1/completions`` and
+``/v1/chat/completions``: it checks the service can take work, reads the body
+under its limits, prepares it on the worker pool, hands it to the service and
+answers with one JSON body or an SSE stream. A client that goes away has its
+request cancelled so the slot is freed at once; every request is counted in
+the metrics exactly once, with the status it ended with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from dspark_core.engine.request import SamplingParams
+from dspark_core.server.events import Failed, Finished, Submission, Tokens
+from dspark_core.server.failures import CLIENT_CLOSED, error_response, internal_error
+from dspark_core.server.metrics import ServerMetrics
+from dspark_core.server.prepare import RequestPreparer
+from dspark_core.server.responses import (DONE, ChunkWriter, ClientGone, TextDeltas, check_content_type,
+                                          completion_body, dspark_summary, new_id, read_body, wait_disconnect)
+from dspark_core.server.schema import ApiError, GenerationRequest, check_lengths
+from dspark_core.server.service import AsyncEngineService
+
+
+class GenerationHandler:
+    """Handles generation requests for one service; ``completions`` and ``chat_completions`` are the routes."""
+
+    def __init__(self, service: AsyncEngineService, metrics: ServerMetrics, preparer: RequestPreparer,
+                 workers: concurrent.futures.Executor, *, completion_max_tokens: int, max_body_bytes: int,
+                 body_timeout: float) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.preparer = preparer
+        self.workers = workers
+        self.model_name = preparer.model_name
+        self.completion_max_tokens = completion_max_tokens
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        return await self.generate(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self.generate(request, chat=True)
+
+    async def generate(self, request: Request, chat: bool) -> Response:
+        """Admit, prepare and submit one request, then answer it; a bug becomes a 500 with a log reference."""
+        endpoint = "chat" if chat else "completions"
+        try:
+            try:
+                req, sub = await self._submit(request, chat)
+            except ApiError as error:
+                self.metrics.count_request(endpoint, error.status)
+                return error_response(error)
+            except ClientGone:
+                self.metrics.count_request(endpoint, CLIENT_CLOSED)
+                return Response(status_code=CLIENT_CLOSED)
+            return await self.respond(request, sub, req, chat, endpoint)
+        except Exception as exc:
+            self.metrics.count_request(endpoint, 500)
+            return error_response(internal_error(request.url.path, exc))
+
+    async def _submit(self, request: Request, chat: bool) -> tuple[GenerationRequest, Submission]:
+        service = self.service
+        refusal = service.unavailable()
+        if refusal is not None:
+            raise refusal
+        check_content_type(request.headers.get("content-type"))
+        body = await read_body(request, self.max_body_bytes, self.body_timeout)
+        loop = asyncio.get_running_loop()
+        req, ids = await loop.run_in_executor(self.workers, self.preparer.prepare, body, chat)
+        max_tokens = check_lengths(len(ids), req.max_tokens, max_model_len=service.max_model_len,
+                                   reserve=service.reserve,
+                                   default_max_tokens=None if chat else self.completion_max_tokens)
+        params = SamplingParams(max_tokens=max_tokens, stop=req.stop, ignore_eos=req.ignore_eos)
+        return req, service.submit(ids, params, stream=req.stream)
+
+    async def respond(self, request: Request, sub: Submission, req: GenerationRequest, chat: bool,
+                      endpoint: str) -> Response:
+        """The SSE stream, or the one JSON body once the request finished."""
+        rid = new_id(chat)
+        if req.stream:
+            return StreamingResponse(self.stream(sub, req, rid, endpoint), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        event = await self.wait_final(sub, request)
+        if event is None or (isinstance(event, Finished) and event.output is None):  # the client went away
+            self.metrics.count_request(endpoint, CLIENT_CLOSED)
+            return Response(status_code=CLIENT_CLOSED)
+        if isinstance(event, Failed):
+            self.metrics.count_request(endpoint, event.error.status)
+            return error_response(event.error)
+        output = event.output
+        self.record(sub, event)
+        body = completion_body(rid, int(time.time()), self.model_name, chat=chat, text=output.text, output=output,
+                               token_ids=req.return_token_ids)
+        self.metrics.count_request(endpoint, 200)
+        return JSONResponse(body)
+
+    def record(self, sub: Submission, event: Finished) -> None:
+        """Request-level metrics (tokens, latencies, finish reason) of a finished request."""
+        n = len(event.output.token_ids) if event.output is not None else sub.sent
+        self.metrics.observe_request(prompt_tokens=len(sub.prompt), output_tokens=n, reason=event.reason,
+                                     submitted=sub.submitted, first_token=sub.first_token, last_token=sub.last_token)
+
+    async def wait_final(self, sub: Submission, request: Request) -> Finished | Failed | None:
+        """The final event, or None after cancelling the request when the client disconnects first."""
+        disconnect = asyncio.ensure_future(wait_disconnect(request))
+        try:
+            while True:
+                get = asyncio.ensure_future(sub.events.get())
+                done, _ = await asyncio.wait({get, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    return None
+                event = get.result()
+                if isinstance(event, Finished | Failed):
+                    return event
+        finally:  # also reached when uvicorn cancels the handler (graceful-shutdown timeout)
+            disconnect.cancel()
+            self.service.cancel(sub)  # a no-op once the request finished
+
+    async def stream(self, sub: Submission, req: GenerationRequest, rid: str, endpoint: str) -> AsyncIterator[bytes]:
+        """SSE chunks of one request: text deltas as tokens commit, then the final chunk, usage and ``[DONE]``."""
+        writer = ChunkWriter(rid, self.model_name, chat=req.chat)
+        deltas = TextDeltas(self.service.tokenizer, req.stop)
+        finished = False
+        try:
+            if req.chat:
+                yield writer.chunk("", role=True)
+            while True:
+                event = await sub.events.get()
+                if isinstance(event, Tokens):
+                    text = deltas.add(event.ids)
+                    extra = {"dspark": {"token_ids": list(event.ids)}} if req.return_token_ids else None
+                    if text or extra:
+                        yield writer.chunk(text, extra=extra)
+                    continue
+                finished = True
+                for chunk in self._final_chunks(sub, req, event, writer, deltas, endpoint):
+                    yield chunk
+                return
+        except Exception as exc:  # a bug while streaming: end this stream cleanly, keep serving the others
+            finished = True
+            self.service.cancel(sub)
+            self.metrics.count_request(endpoint, 500)
+            yield b"data: " + JSONResponse(internal_error(f"stream {rid}", exc).body()).body + b"\n\n"
+            yield DONE
+        finally:
+            if not finished:  # the client disconnected mid-stream (or the server is closing the connection)
+                self.service.cancel(sub)
+                self.metrics.count_request(endpoint, CLIENT_CLOSED)
+
+    def _final_chunks(self, sub: Submission, req: GenerationRequest, event: Finished | Failed, writer: ChunkWriter,
+                      deltas: TextDeltas, endpoint: str) -> list[bytes]:
+        """What ends a stream: the error, or the last text with the summary (and usage); then ``[DONE]``.
+
+        Metrics are recorded before the chunks go out, as the client may close
+        the connection as soon as it has read them.
+        """
+        if isinstance(event, Failed):
+            self.metrics.count_request(endpoint, event.error.status)
+            return [b"data: " + JSONResponse(event.error.body()).body + b"\n\n", DONE]
+        output = event.output
+        rest = deltas.finish(output.text)
+        summary = dspark_summary(output, token_ids=False)
+        if req.return_token_ids:
+            summary["token_ids"] = list(output.token_ids[len(deltas.ids):])
+        last = writer.chunk(rest, output.finish_reason, extra={"dspark": summary})
+        usage = writer.usage_chunk(output.prompt_tokens, len(output.token_ids)) if req.include_usage else b""
+        self.record(sub, event)
+        self.metrics.count_request(endpoint, 200)
+        return [last, usage, DONE] if usage else [last, DONE]
