@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +19,23 @@ from cattrs.v import transform_error
 from dspark_core.errors import ConfigError
 
 T = TypeVar("T")
+
+
+# Typed attrs converters for tuple fields. ``converter=tuple`` works the same at run time, but
+# mypy's attrs plugin cannot solve tuple's type variable and rejects every caller.
+def int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    """The values as a tuple of ints (attrs converter)."""
+    return tuple(values)
+
+
+def float_tuple(values: Iterable[float]) -> tuple[float, ...]:
+    """The values as a tuple of floats (attrs converter)."""
+    return tuple(values)
+
+
+def str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    """The values as a tuple of strings (attrs converter)."""
+    return tuple(values)
 
 
 def _strict_int(value: Any, _type: type) -> int:

@@ -16,7 +16,7 @@ rules that need nothing but the values themselves.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from attrs import field, frozen
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
@@ -95,6 +95,10 @@ def _sorted_unique(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted({int(v) for v in values}))
 
 
+def _contexts(values: Iterable[ContextInterval]) -> tuple[ContextInterval, ...]:
+    return tuple(values)  # a typed converter (see dspark_core.convert.int_tuple)
+
+
 @frozen
 class CalibrationSettings:
     """Every calibration setting, as used for one fit (defaults already resolved)."""
@@ -102,7 +106,7 @@ class CalibrationSettings:
     model: str
     draft_width: int
     request_buckets: tuple[int, ...] = field(converter=_sorted_unique)
-    contexts: tuple[ContextInterval, ...] = field(converter=tuple)
+    contexts: tuple[ContextInterval, ...] = field(converter=_contexts)
     warmup_steps: int
     window_steps: int
     windows_per_point: int
@@ -132,7 +136,7 @@ class CalibrationSettings:
     def _check_rows(self) -> None:
         rows = self.target_graph_rows
         if rows is None or not rows or not isinstance(rows[0], tuple):
-            if rows is not None and any(g < 1 for g in rows):
+            if rows is not None and any(g < 1 for g in cast(tuple[int, ...], rows)):  # the shared row list
                 raise ConfigError(f"target_graph_rows must be positive, got {list(rows)}")
             return
         extra = sorted(set(dict(rows)) - set(self.request_buckets))

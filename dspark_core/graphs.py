@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from attrs import define, frozen
@@ -86,7 +87,7 @@ class GraphCounters:
 class _Prepared:
     inputs: dict[str, torch.Tensor]
     outputs: tuple[torch.Tensor, ...] | None
-    graph: object | None
+    graph: Any  # the device graph object (CUDAGraph, NPUGraph); None for eager backends
 
 
 class GraphBackend:
@@ -182,8 +183,9 @@ class CapturedGraphBackend(GraphBackend):
         return _Prepared(inputs, tuple(outputs), graph)
 
     def _replay(self, key: BindingKey, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
-        prepared.graph.replay()  # type: ignore[union-attr]
-        return prepared.outputs  # type: ignore[return-value]
+        prepared.graph.replay()
+        assert prepared.outputs is not None  # recorded with the graph
+        return prepared.outputs
 
 
 @frozen

@@ -25,8 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-if TYPE_CHECKING:  # only for annotations; keeps this module import-light
+if TYPE_CHECKING:  # only for annotations; keeps this module import-light (and below every other layer)
+    from dspark_core.calibration.install import StartupRuntime
+    from dspark_core.calibration.plan import CalibrationPlan
     from dspark_core.components import Component
+    from dspark_core.costs.base import CostModel, CostSample
+    from dspark_core.device import DeviceSpec
+    from dspark_core.engine.engine import Engine
+    from dspark_core.engine.step import Budget, DecodeStep, Proposal, Verification
+    from dspark_core.graphs import GraphBackend
+    from dspark_core.models.base import ModelFamily
+    from dspark_core.policy import BudgetPolicy
+    from dspark_core.table import CostTable
 
 PROJECT = "dspark_core"
 
@@ -56,7 +66,7 @@ def dspark_components() -> Sequence[Component]:
 
 
 @hookspec(firstresult=True)
-def dspark_device(name: str) -> Any | None:
+def dspark_device(name: str) -> DeviceSpec | None:
     """Return the device object for ``name`` ("cpu", "cuda", "npu", ...).
 
     Return ``None`` when ``name`` is not provided by this plugin. When the name
@@ -69,7 +79,7 @@ def dspark_device(name: str) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_graph_backend(name: str, device: Any) -> Any | None:
+def dspark_graph_backend(name: str, device: DeviceSpec) -> GraphBackend | None:
     """Return the graph backend ``name`` ("static", "cudagraph", "aclgraph").
 
     ``device`` is the object returned by :func:`dspark_device`. Return
@@ -81,7 +91,7 @@ def dspark_graph_backend(name: str, device: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_cost_model(name: str) -> Any | None:
+def dspark_cost_model(name: str) -> CostModel | None:
     """Return the cost-model object for ``name`` ("additive", "sps", ...).
 
     The object fits full-step costs from calibration samples, predicts the
@@ -92,7 +102,7 @@ def dspark_cost_model(name: str) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> Any | None:
+def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> BudgetPolicy | None:
     """Return a budget policy instance for ``name`` ("adaptive", "fixed", ...).
 
     ``options`` holds policy settings from the configuration (for example
@@ -104,7 +114,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_model_family(architecture: str) -> Any | None:
+def dspark_model_family(architecture: str) -> ModelFamily | None:
     """Return the model family handling checkpoint ``architecture``.
 
     ``architecture`` is the lower-case architecture string of the checkpoint
@@ -119,7 +129,7 @@ def dspark_model_family(architecture: str) -> Any | None:
 
 
 @hookspec
-def dspark_warmup(runtime: Any) -> None:
+def dspark_warmup(runtime: Engine) -> None:
     """Prepare every executable geometry before calibration or serving.
 
     Every implementation runs. Allocate slot storage sized to K and capture or
@@ -129,7 +139,7 @@ def dspark_warmup(runtime: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def dspark_calibrate(runtime: Any, plan: Any) -> Sequence[Any] | None:
+def dspark_calibrate(runtime: StartupRuntime, plan: CalibrationPlan) -> Sequence[CostSample] | None:
     """Drive the real asynchronous pipeline over ``plan`` and return samples.
 
     Returns the in-memory completion windows (one sample per window) or
@@ -139,7 +149,7 @@ def dspark_calibrate(runtime: Any, plan: Any) -> Sequence[Any] | None:
 
 
 @hookspec(firstresult=True)
-def dspark_fit(runtime: Any, plan: Any, samples: Sequence[Any]) -> Any | None:
+def dspark_fit(runtime: StartupRuntime, plan: CalibrationPlan, samples: Sequence[CostSample]) -> CostTable | None:
     """Fit the selected cost model on CPU and return an immutable cost table.
 
     Returns ``None`` to leave fitting to another plugin.
@@ -147,7 +157,7 @@ def dspark_fit(runtime: Any, plan: Any, samples: Sequence[Any]) -> Any | None:
 
 
 @hookspec
-def dspark_install_table(runtime: Any, table: Any) -> None:
+def dspark_install_table(runtime: StartupRuntime, table: CostTable) -> None:
     """Install ``table`` on this worker before the engine reports ready.
 
     Every implementation runs, on every rank. The table is immutable; an
@@ -161,7 +171,7 @@ def dspark_install_table(runtime: Any, table: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def dspark_propose(step: Any) -> Any | None:
+def dspark_propose(step: DecodeStep) -> Proposal | None:
     """Run the draft for the step's live requests.
 
     Return the proposal (K drafted tokens and K confidences per request) or
@@ -170,7 +180,7 @@ def dspark_propose(step: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_select_budget(step: Any, proposal: Any) -> Any | None:
+def dspark_select_budget(step: DecodeStep, proposal: Proposal) -> Budget | None:
     """Choose the target-row tier and per-request verify lengths.
 
     Normally delegates to the configured budget policy. Must be deterministic
@@ -180,7 +190,7 @@ def dspark_select_budget(step: Any, proposal: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def dspark_verify(step: Any, proposal: Any, budget: Any) -> Any | None:
+def dspark_verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification | None:
     """Pack the admitted rows, run the target and greedily accept prefixes.
 
     Return the verification result (accepted lengths and the target's greedy
@@ -189,7 +199,7 @@ def dspark_verify(step: Any, proposal: Any, budget: Any) -> Any | None:
 
 
 @hookspec
-def dspark_commit(step: Any, verification: Any) -> None:
+def dspark_commit(step: DecodeStep, verification: Verification) -> None:
     """Publish a verified step: committed tokens, KV lengths, confidences.
 
     Every implementation runs (the engine's commit plus observers such as

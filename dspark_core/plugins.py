@@ -12,7 +12,7 @@ import functools
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 from attrs import frozen
@@ -20,6 +20,13 @@ from attrs import frozen
 from dspark_core import hookspecs
 from dspark_core.components import Component
 from dspark_core.errors import PluginError
+
+if TYPE_CHECKING:  # annotations only: the manager sits below everything it returns
+    from dspark_core.costs.base import CostModel
+    from dspark_core.device import DeviceSpec
+    from dspark_core.graphs import GraphBackend
+    from dspark_core.models.base import ModelFamily
+    from dspark_core.policy import BudgetPolicy
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 
@@ -138,23 +145,28 @@ class Hooks:
 
     def auto_device_names(self) -> list[str]:
         """Devices ``--device=auto`` tries, in order: declared ``auto_priority``, highest first."""
-        devices = [c for c in self.components("device") if c.auto_priority is not None]
-        return [c.name for c in sorted(devices, key=lambda c: (-c.auto_priority, c.name))]
+        devices = [(c.auto_priority, c.name) for c in self.components("device") if c.auto_priority is not None]
+        return [name for _, name in sorted(devices, key=lambda pair: (-pair[0], pair[1]))]
 
-    def device(self, name: str) -> Any:
+    def device(self, name: str) -> DeviceSpec:
+        """The device plugin's spec for ``name``; a ConfigError when it cannot be used here."""
         return self._select("device", name, self._hook.dspark_device(name=name))
 
-    def graph_backend(self, name: str, device: Any) -> Any:
+    def graph_backend(self, name: str, device: DeviceSpec) -> GraphBackend:
+        """A new graph backend ``name`` for ``device``."""
         return self._select("graph_backend", name, self._hook.dspark_graph_backend(name=name, device=device))
 
-    def cost_model(self, name: str) -> Any:
+    def cost_model(self, name: str) -> CostModel:
+        """The cost model ``name``."""
         return self._select("cost_model", name, self._hook.dspark_cost_model(name=name))
 
-    def budget_policy(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
+    def budget_policy(self, name: str, options: Mapping[str, Any] | None = None) -> BudgetPolicy:
+        """A new budget policy ``name`` built with ``options``."""
         result = self._hook.dspark_budget_policy(name=name, options=dict(options or {}))
         return self._select("budget_policy", name, result)
 
-    def model_family(self, architecture: str) -> Any:
+    def model_family(self, architecture: str) -> ModelFamily:
+        """The model family serving checkpoints of ``architecture``."""
         return self._select("model_family", architecture, self._hook.dspark_model_family(architecture=architecture))
 
     # -- startup stages ---------------------------------------------------------

@@ -93,8 +93,10 @@ def _resolve_paths(launch: Launch) -> None:
     from dspark_core.models.fetch import resolve_model_path
 
     config = launch.config
+    assert config.model is not None  # check_config requires --model
     launch.target_path = resolve_model_path(config.model)
     if config.speculative and launch.policy != "none":
+        assert config.draft_model is not None  # check_config requires it with speculation on
         if config.draft_model == "default":
             from dspark_core.models.drafts import default_draft_path
 
@@ -122,6 +124,7 @@ def build_engine(launch: Launch) -> Engine:
     config = launch.config
     _resolve_paths(launch)
     dtype = getattr(torch, launch.dtype)
+    assert launch.target_path is not None  # set by _resolve_paths
     launch.model_family = target_family(launch.target_path, launch.hooks)
     target = launch.model_family.load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype)
     draft = None

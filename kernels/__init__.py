@@ -7,11 +7,14 @@ part of every graph binding key, so a launch only ever uses one set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from attrs import frozen
 
-from dspark_kernels.accept_commit import accept_reference, make_accept
+from dspark_kernels.accept_commit import Acceptance, accept_reference, make_accept
 from dspark_kernels.allocate import allocate_reference, make_allocate
-from dspark_kernels.pack import make_pack, pack_reference
+from dspark_kernels.pack import PackedRows, make_pack, pack_reference
 
 SPECIALISED_WIDTHS = (5, 7)
 
@@ -21,9 +24,12 @@ class KernelSet:
     """The allocate, pack and accept kernels for one draft width."""
 
     width: int
-    allocate: object
-    pack: object
-    accept: object
+    # (confidences [n, K], caps [n], draft rows) -> verify length per request [n]
+    allocate: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    # (anchors, drafts, lengths, start positions, slots, tier rows, scratch slot) -> the tier's rows
+    pack: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], PackedRows]
+    # (drafts [n, K], lengths [n], target grid [n, K + 1]) -> accepted prefix and committed tokens
+    accept: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Acceptance]
 
 
 def _build(width: int) -> KernelSet:

@@ -58,8 +58,10 @@ def summarize(cell: CellRecord, full_width_policy: str = "") -> dict[str, Any]:
     """The figures of one (policy, concurrency) cell; the oracle is read off the full-width run,
     the only one that verified every drafted token and so knows what would have been accepted."""
     reqs = cell.requests
-    tpot = [(r.finished - r.first_token) / (len(r.token_ids) - 1) for r in reqs if len(r.token_ids) > 1]
-    ttft = [r.first_token - r.submitted for r in reqs]
+    # a recorded request has finished and so has its first token; the filters only say so to the type checker
+    tpot = [(r.finished - r.first_token) / (len(r.token_ids) - 1) for r in reqs
+            if len(r.token_ids) > 1 and r.finished is not None and r.first_token is not None]
+    ttft = [r.first_token - r.submitted for r in reqs if r.first_token is not None]
     verified, accepted = sum(r.verified for r in reqs), sum(r.accepted for r in reqs)
     steps = sum(r.steps for r in reqs)
     widths = [w for r in reqs for w in r.verify_widths]

@@ -9,7 +9,7 @@ from the launch; a file may repeat it but must agree. The result is a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from attrs import field, frozen
@@ -111,7 +111,8 @@ def _rows_for(settings: CalibrationSettings, bucket: int, geometry: Geometry) ->
     per_bucket = settings.rows_by_bucket()
     if per_bucket is not None:
         return per_bucket.get(bucket, ())
-    return tuple(g for g in rows if bucket <= g <= full_width_rows(bucket, settings.draft_width))
+    shared = cast(tuple[int, ...], rows)  # not per bucket: one row list for every bucket
+    return tuple(g for g in shared if bucket <= g <= full_width_rows(bucket, settings.draft_width))
 
 
 def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
@@ -168,7 +169,7 @@ def resolve_plan(draft_width: int, geometry: Geometry, kv_limit: int, file: Cali
     if "draft_width" in given and given["draft_width"] != draft_width:
         raise ConfigError(f"calibration draft_width {given['draft_width']} does not match "
                           f"num_speculative_tokens={draft_width}")
-    values = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "draft_off": True, "request_buckets": geometry.request_buckets,
+    values: dict[str, Any] = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "draft_off": True, "request_buckets": geometry.request_buckets,
               "contexts": (ContextInterval(1, 1, 1),)}  # placeholder until the progress is known
     values.update(given)
     values["draft_width"] = draft_width

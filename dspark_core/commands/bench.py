@@ -7,6 +7,7 @@ import re
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 NAME = "bench"
 HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
@@ -116,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
         total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
-                              args.max_tokens, args.rounds, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
+                              args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg))
         bar.close()
         engine.close()
     rows = [summarize(c, f"fixed-k{width}") for c in cells]
     add_ratios(rows, width)
-    result = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+    result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
               "seconds": round(time.perf_counter() - started, 1), "exactness": exactness(cells), "results": rows}
     out = Path(args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -136,3 +137,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"exactness: {'all policies identical' if result['exactness']['identical'] else result['exactness']}")
         print(f"written to {out}/")
     return 0 if result["exactness"]["identical"] else 1
+
+
+def _advance(bar: Any, message: str) -> None:
+    """One finished benchmark run on the progress bar."""
+    bar.set_postfix_str(message)
+    bar.update()

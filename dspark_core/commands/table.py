@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from dspark_core.errors import ConfigError, DSparkError, TableError
@@ -60,7 +61,7 @@ def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
         device = pick_device(hooks, config.device)
     except DSparkError:  # not usable here: the flags' own values stand in
         device = None
-    paths = {}
+    paths: dict[str, str | Path] = {}
     for key, value in (("target_path", config.model), ("draft_path", config.draft_model)):
         if value:
             try:
@@ -69,7 +70,8 @@ def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
                 paths[key] = resolve_model_path(value)
             except ImportError:
                 paths[key] = value
-    return fingerprint_for(config, device, **paths), config.num_speculative_tokens
+    return (fingerprint_for(config, device, target_path=paths.get("target_path"), draft_path=paths.get("draft_path")),
+            config.num_speculative_tokens)
 
 
 def run(args: argparse.Namespace) -> int:

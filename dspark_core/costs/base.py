@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from attrs import field, frozen
 
-from dspark_core.convert import structure_checked
+from dspark_core.convert import int_tuple, structure_checked
 from dspark_core.errors import ConfigError
 from dspark_core.fit_settings import ContextInterval
 from dspark_core.geometry import full_width_rows, legal_tiers
@@ -48,6 +48,11 @@ class CostSample:
     def step_seconds(self) -> float:
         """Mean seconds of one full step in this window."""
         return self.seconds / self.steps
+
+
+def measurement_tuple(values: Iterable[Measurement]) -> tuple[Measurement, ...]:
+    """The measurements as a tuple (a typed attrs converter, see dspark_core.convert.int_tuple)."""
+    return tuple(values)
 
 
 @frozen
@@ -128,6 +133,10 @@ class RowSpan:
     max_rows: int
 
 
+def _spans(values: Iterable[RowSpan]) -> tuple[RowSpan, ...]:
+    return tuple(values)  # a typed converter (see dspark_core.convert.int_tuple)
+
+
 @frozen
 class Coverage:
     """Where a fit answers. ``any_bucket`` is a row span usable by every bucket.
@@ -136,10 +145,10 @@ class Coverage:
     other engines that never recorded buckets use ``any_bucket``.
     """
 
-    spans: tuple[RowSpan, ...] = field(converter=tuple)
+    spans: tuple[RowSpan, ...] = field(converter=_spans)
     any_bucket: tuple[int, int] | None = None
     # buckets with a calibrated draft-off step cost (empty: the policy never turns the draft off)
-    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=int_tuple)
 
     def covers(self, request_bucket: int, target_rows: int, draft_width: int) -> bool:
         """True when the point is legal for ``draft_width`` and inside a span."""

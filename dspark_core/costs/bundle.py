@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 from attrs import field, frozen
 
 import dspark_core
-from dspark_core.costs.base import Coverage, Measurement
+from dspark_core.costs.base import Coverage, Measurement, measurement_tuple
 from dspark_core.costs.fingerprint import Fingerprint
 from dspark_core.errors import TableError
 from dspark_core.fit_settings import CalibrationSettings, ContextInterval, check_contexts
@@ -45,12 +46,16 @@ class IntervalFit:
 
     context: ContextInterval | None
     cost: Any  # a FittedCost from the model's plugin
-    measurements: tuple[Measurement, ...] = field(default=(), converter=tuple)
+    measurements: tuple[Measurement, ...] = field(default=(), converter=measurement_tuple)
 
     @property
     def coverage(self) -> Coverage:
         """Buckets and rows the fit answers for."""
         return self.cost.coverage
+
+
+def _fits(values: Iterable[IntervalFit]) -> tuple[IntervalFit, ...]:
+    return tuple(values)  # a typed converter (see dspark_core.convert.int_tuple)
 
 
 @frozen
@@ -59,7 +64,7 @@ class CostTable:
 
     draft_width: int
     model: str
-    fits: tuple[IntervalFit, ...] = field(converter=tuple)
+    fits: tuple[IntervalFit, ...] = field(converter=_fits)
     settings: CalibrationSettings | None = None
     fingerprint: Fingerprint | None = None
     provenance: Provenance | None = None
@@ -95,8 +100,8 @@ class CostTable:
             )
         if settings.model != self.model:
             raise TableError(f"calibration model {settings.model!r} differs from the table's {self.model!r}")
-        contexts = [f.context for f in self.fits]
-        if any(c is None for c in contexts):
+        contexts = [f.context for f in self.fits if f.context is not None]
+        if len(contexts) != len(self.fits):
             raise TableError("every fit of a bundle names its context interval")
         unknown = [c.describe() for c in contexts if c not in settings.contexts]
         if unknown:

@@ -15,7 +15,7 @@ from typing import Any
 from attrs import field, frozen
 
 from dspark_core.convert import structure_checked, unstructure
-from dspark_core.costs.base import Coverage, Measurement
+from dspark_core.costs.base import Coverage, Measurement, measurement_tuple
 from dspark_core.costs.bundle import CostTable, IntervalFit, Provenance
 from dspark_core.costs.fingerprint import Fingerprint
 from dspark_core.errors import ConfigError, PluginError, TableError
@@ -65,7 +65,7 @@ class FitDoc:
     context: ContextInterval
     params: dict[str, Any]
     coverage: Coverage
-    measurements: tuple[Measurement, ...] = field(default=(), converter=tuple)
+    measurements: tuple[Measurement, ...] = field(default=(), converter=measurement_tuple)
 
 
 @frozen

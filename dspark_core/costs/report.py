@@ -103,10 +103,10 @@ def plot_table(table: CostTable, output: str | Path) -> Path:
         labelled: set[bool] = set()
         for m in fit.measurements:
             colour = colours.get(f"bucket {m.request_bucket}", "black")
-            label = None if m.draft_off in labelled else ("measured, draft off" if m.draft_off else "measured")
+            point_label = None if m.draft_off in labelled else ("measured, draft off" if m.draft_off else "measured")
             labelled.add(m.draft_off)
             ax.scatter([m.target_rows], [m.step_seconds * 1000], color=colour, s=28 if m.draft_off else 14,
-                       marker="x" if m.draft_off else "o", zorder=3, label=label)
+                       marker="x" if m.draft_off else "o", zorder=3, label=point_label)
         title = "every KV length" if fit.context is None else fit.context.describe()
         ax.set(title=f"{table.model}, K={table.draft_width}: {title}", xlabel="target rows G", ylabel="full-step ms")
         ax.legend(fontsize="small")

@@ -89,7 +89,7 @@ def decode_prefill(payload: list[int]) -> tuple[list[list[int]], list[int]]:
 
 def encode_decode(step: DecodeStep, slots: Sequence[int]) -> list[int]:
     # the draft flag is the step's own: the policy may plan a draft-off step
-    drafts = bool(step.draft and step.policy.uses_draft)  # type: ignore[attr-defined]
+    drafts = bool(step.draft and step.policy.uses_draft)
     return [len(slots), step.tier_context.request_bucket, int(drafts), *slots]
 
 

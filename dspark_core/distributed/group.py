@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch.distributed as dist
 from attrs import define, frozen
@@ -98,8 +99,8 @@ class RankGroup:
     backend: str
     timeouts: Timeouts
     store: dist.Store
-    model_group: object
-    control_group: object
+    model_group: Any  # a torch.distributed ProcessGroup (None: the default group)
+    control_group: Any
     closed: bool = False
 
     @property

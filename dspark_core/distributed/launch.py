@@ -117,7 +117,7 @@ def _place_on_local_device(launch: Launch, rank: int) -> None:
         return
     module = getattr(torch, spec.torch_device, None)
     count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
-    if count > 1:
+    if module is not None and count > 1:
         index = rank % count
         module.set_device(index)
         launch.device = attrs.evolve(spec, torch_device=f"{spec.torch_device}:{index}")

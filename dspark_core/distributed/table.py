@@ -144,6 +144,7 @@ def bring_up_ranks(engine, launch, group: RankGroup, channel: Channel, *, progre
             calibrate_worker(engine, channel)
             source = launch.plan.source
         table = share_table(group, table, hooks.cost_model)
+        assert table is not None, "rank 0 always has a table here (saved or fitted)"
         hooks.install_table(runtime, table)
         if group.is_rank0:
             if config.adaptive_dspark_cost_table_output and launch.saved_table is None:

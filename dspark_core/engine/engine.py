@@ -30,18 +30,20 @@ from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry, kv_reserve
 from dspark_core.graphs import GraphBackend
+from dspark_core.models.base import DraftModel, TargetModel
 from dspark_core.plugins import Hooks, default_hooks
-from dspark_core.policy import TierContext, observe_step, plan_step
+from dspark_core.policy import BudgetPolicy, TierContext, observe_step, plan_step
 
 
 class Engine:
     """Continuous-batching speculative decoding over one target (+ DSpark draft)."""
 
-    def __init__(self, target, draft, config: EngineConfig = EngineConfig(), *, hooks: Hooks | None = None,
+    def __init__(self, target: TargetModel, draft: DraftModel | None, config: EngineConfig = EngineConfig(), *,
+                 hooks: Hooks | None = None,
                  geometry: Geometry | None = None, graphs: GraphBackend | None = None) -> None:
         self.config = config
         self.hooks = hooks or default_hooks()
-        self.policy = self.hooks.budget_policy(config.policy, config.policy_options)
+        self.policy: BudgetPolicy = self.hooks.budget_policy(config.policy, config.policy_options)
         if self.policy.uses_draft and draft is None:
             raise ConfigError(f"budget policy {config.policy!r} needs a draft model")
         self.geometry = geometry or Geometry.all_tiers(config.draft_width, config.request_buckets)
@@ -109,7 +111,7 @@ class Engine:
         return self.costs.table
 
     # -- what callers outside the engine may swap ---------------------------------
-    def set_policy(self, policy) -> None:
+    def set_policy(self, policy: BudgetPolicy) -> None:
         """Choose every following step's budget with ``policy`` (a :class:`BudgetPolicy` object).
 
         Steps already built keep the policy they were built with; that one
@@ -121,7 +123,7 @@ class Engine:
         self.policy = policy
 
     @contextmanager
-    def use_policy(self, policy) -> Iterator[None]:
+    def use_policy(self, policy: BudgetPolicy) -> Iterator[None]:
         """Serve with ``policy`` inside the ``with`` block, then with the previous policy again."""
         saved = self.policy
         self.set_policy(policy)
@@ -143,11 +145,12 @@ class Engine:
     # -- requests --------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a raw text prompt, a chat message list or already-tokenized ids."""
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        items = list(prompt)
-        if items and isinstance(items[0], Mapping):
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(items))
+        items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str) or (items and isinstance(items[0], Mapping)):
+            if self.tokenizer is None:
+                raise ConfigError("prompt: this model has no tokenizer; pass token ids")
+            text = prompt if isinstance(prompt, str) else self.tokenizer.apply_chat_template(items)
+            return self.tokenizer.encode(text)
         return [int(t) for t in items]
 
     def add_request(self, prompt: str | Sequence[int] | Sequence[Mapping[str, str]],
@@ -207,6 +210,7 @@ class Engine:
         index = self._decode_index
         self._decode_index += 1
         bucket = self.geometry.bucket_for(n)
+        assert bucket is not None, "the scheduler runs at most the largest bucket's requests"
         kv = max(r.length for r in running) + kv_reserve(width)
         tiers = self.geometry.rows_for(bucket)
         draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None

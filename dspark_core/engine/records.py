@@ -7,6 +7,12 @@ from typing import Any
 
 from attrs import define, field, frozen
 
+from dspark_core.convert import int_tuple
+
+
+def _options(values: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(values)  # a typed converter (see dspark_core.convert.int_tuple)
+
 
 @frozen
 class EngineConfig:
@@ -14,8 +20,8 @@ class EngineConfig:
 
     draft_width: int = 7
     policy: str = "adaptive"
-    policy_options: Mapping[str, Any] = field(factory=dict, converter=dict)
-    request_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), converter=tuple)
+    policy_options: Mapping[str, Any] = field(factory=dict, converter=_options)
+    request_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), converter=int_tuple)
     max_model_len: int = 2048
     max_prefill_tokens: int = 8192
     schedule_overlap: bool = False  # launch step t+1 before step t's results are back

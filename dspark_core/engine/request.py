@@ -10,6 +10,8 @@ import numpy as np
 
 from attrs import define, field, frozen
 
+from dspark_core.convert import str_tuple
+
 _ids = itertools.count()
 
 
@@ -18,7 +20,7 @@ class SamplingParams:
     """Greedy decoding limits of one request."""
 
     max_tokens: int = 128
-    stop: tuple[str, ...] = field(default=(), converter=tuple)
+    stop: tuple[str, ...] = field(default=(), converter=str_tuple)
     ignore_eos: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -14,7 +14,7 @@ import torch
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes
-from dspark_core.models.base import ForwardBatch, ForwardOutput
+from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
 from dspark_kernels import kernels_for
 from dspark_kernels.pack import PackedRows
 
@@ -22,8 +22,8 @@ from dspark_kernels.pack import PackedRows
 class ModelRunner:
     """Target + optional DSpark draft over one static slot cache (plus a scratch slot)."""
 
-    def __init__(self, target, draft, *, draft_width: int, num_slots: int, max_len: int,
-                 graphs: GraphBackend | None = None) -> None:
+    def __init__(self, target: TargetModel, draft: DraftModel | None, *, draft_width: int, num_slots: int,
+                 max_len: int, graphs: GraphBackend | None = None) -> None:
         self.target = target
         self.graphs = graphs
         self.draft = draft
@@ -105,7 +105,9 @@ class ModelRunner:
                 "positions": torch.cat([positions, positions.new_zeros(extra)]),
                 "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
 
-    def _propose_fn(self, anchors, positions, slot_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def _propose_fn(self, anchors: torch.Tensor, positions: torch.Tensor,
+                    slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
         tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
 
@@ -124,7 +126,8 @@ class ModelRunner:
         offsets = torch.cat([offsets, offsets[-1:].expand(extra), offsets.new_full((1,), total)])
         return {"tokens": packed.tokens, "positions": packed.positions, "slot_ids": slots, "row_offsets": offsets}
 
-    def _verify_fn(self, tokens, positions, slot_ids, row_offsets) -> tuple[torch.Tensor, ...]:
+    def _verify_fn(self, tokens: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
+                   row_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.target.forward(ForwardBatch(tokens, positions, slot_ids, row_offsets), self.target_cache,
                                   hidden_layers=self.hidden_layers)
         greedy = out.logits.argmax(dim=-1)

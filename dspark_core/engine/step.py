@@ -23,7 +23,7 @@ from attrs import define, frozen
 
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
-from dspark_core.policy import TierChoice, TierContext, draft_off_choice
+from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, draft_off_choice
 from dspark_kernels.accept_commit import Acceptance, commit_tokens, gather_target_tokens
 from dspark_kernels.pack import PackedRows
 
@@ -63,7 +63,7 @@ class DecodeStep:
 
     runner: ModelRunner
     storage: SlotStorage
-    policy: object
+    policy: BudgetPolicy
     tier_context: TierContext
     slots: torch.Tensor  # [n] KV slot of each running request
     caps: torch.Tensor  # [n] most drafted tokens each request may verify
@@ -78,7 +78,7 @@ class DecodeStep:
     index: int = 0  # the engine's decode-step counter when the step was built
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
-    proposal_ready: Future | None = None
+    proposal_ready: Future[np.ndarray] | None = None
 
 
 @frozen
@@ -100,7 +100,7 @@ class StepResult:
 def propose(step: DecodeStep) -> Proposal:
     """Draft K tokens per request (zeros when the policy runs no draft, or not this step)."""
     n, width = step.slots.shape[0], step.runner.draft_width
-    if not step.draft or not step.policy.uses_draft:  # type: ignore[attr-defined]
+    if not step.draft or not step.policy.uses_draft:
         zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
         return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
     anchors, positions = step.storage.anchors(step.slots)
@@ -120,9 +120,8 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
     if tier_confidences is None:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
     caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
-    choice = policy.choose_tier(step.tier_context, tier_confidences, caps)  # type: ignore[attr-defined]
-    lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice,  # type: ignore[attr-defined]
-                           step.tier_context.request_bucket)
+    choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
+    lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice, step.tier_context.request_bucket)
     return Budget(choice, lengths)
 
 
@@ -138,7 +137,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
                                            runner.verify_inputs(packed, step.slots, bucket))
     grid = gather_target_tokens(greedy, packed.row_offsets, runner.draft_width)
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
-    if hidden is not None and step.policy.uses_draft:  # type: ignore[attr-defined]
+    if hidden is not None and step.policy.uses_draft:
         # the draft's context learns the target's view of every real row (draft-off steps
         # included, so drafting can resume at any step); rejected rows sit past the new
         # anchor and are overwritten before they are ever attended. The tier's padding rows

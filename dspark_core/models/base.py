@@ -9,11 +9,12 @@ longest request times the batch size.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
 
+from dspark_core.convert import int_tuple
 from dspark_core.errors import ModelError
 
 
@@ -36,7 +37,7 @@ class TargetConfig:
     qkv_bias: bool = False  # qwen2 style
     qk_norm: bool = False  # qwen3 style
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    eos_token_ids: tuple[int, ...] = field(default=(), converter=int_tuple)
 
     def __attrs_post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -113,12 +114,56 @@ class ForwardOutput:
 
 @runtime_checkable
 class TargetModel(Protocol):
-    """The interface the engine uses for a target model."""
+    """The interface the engine uses for a target model (the model runner holds one)."""
 
-    config: TargetConfig
+    config: TargetConfig  # a family may use its own config class with these fields
+    device: torch.device
+    dtype: torch.dtype
 
-    def new_cache(self, num_slots: int, max_len: int):  # -> KVCache
+    def new_cache(self, num_slots: int, max_len: int) -> Any:
         """Allocate a static KV cache for ``num_slots`` requests of ``max_len`` tokens."""
+        ...
 
-    def forward(self, batch: ForwardBatch, cache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
+    def forward(self, batch: ForwardBatch, cache: Any, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
         """Write the rows' K/V into ``cache`` then return their logits (and hidden states)."""
+        ...
+
+
+@runtime_checkable
+class DraftModel(Protocol):
+    """The interface the engine uses for a DSpark draft (the model runner holds one, or none)."""
+
+    config: Any  # a DraftConfig: num_speculative_tokens and aux_layer_ids are read
+
+    def bind_target(self, target: Any) -> Any:
+        """Share what the draft takes from the target (embeddings, head); returns the draft."""
+        ...
+
+    def allocate_context(self, num_slots: int, max_len: int) -> Any:
+        """Allocate the per-slot context cache the draft attends to."""
+        ...
+
+    def extend_context(self, hidden: torch.Tensor, positions: torch.Tensor, slot_of_row: torch.Tensor) -> None:
+        """Append the target's hidden states of the given rows to their slots' context."""
+        ...
+
+    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
+                slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block of drafted tokens and their confidences per request."""
+        ...
+
+
+class ModelFamily(Protocol):
+    """What a ``dspark_model_family`` hook returns: loads (and optionally shards) one family's targets.
+
+    The optional ``shard_target(target, rank, world_size, group)`` cuts a loaded
+    target in place into one rank's tensor-parallel shard; a family without it
+    refuses ``--nnodes > 1``.
+    """
+
+    name: str
+
+    def load_target(self, path: Any, *, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> Any:
+        """The target model at ``path`` (a :class:`TargetModel`; its tokenizer is ``model.tokenizer``)."""
+        ...

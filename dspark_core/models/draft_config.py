@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
+from dspark_core.convert import int_tuple
 from dspark_core.errors import ModelError
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -29,7 +30,7 @@ class DraftConfig:
     target_vocab_size: int
     draft_vocab_size: int
     block_size: int
-    aux_layer_ids: tuple[int, ...] = field(converter=tuple)
+    aux_layer_ids: tuple[int, ...] = field(converter=int_tuple)
     mask_token_id: int
     target_hidden_size: int
     rms_eps: float = 1e-6

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from attrs import define, field
 
+from dspark_core.convert import int_tuple
 from dspark_core.errors import ModelError
 
 _CHATML_START = "<|im_start|>"
@@ -55,7 +56,7 @@ class Tokenizer:
 
     backend: object  # tokenizers.Tokenizer
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    eos_token_ids: tuple[int, ...] = field(default=(), converter=int_tuple)
     chat_template: str | None = None
     add_bos: bool = False
 

@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -142,8 +143,8 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    handlers: dict[Any, Any] = {HTTPException: http_error, Exception: server_error}  # Starlette types them loosely
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     # Starlette would answer /v1/completions/ with a redirect built from the client's Host header
     app.router.redirect_slashes = False
     app.state.service = service

@@ -99,6 +99,7 @@ class GenerationHandler:
             self.metrics.count_request(endpoint, event.error.status)
             return error_response(event.error)
         output = event.output
+        assert output is not None  # a Finished event without output was handled above
         self.record(sub, event)
         body = completion_body(rid, int(time.time()), self.model_name, chat=chat, text=output.text, output=output,
                                token_ids=req.return_token_ids)
@@ -170,6 +171,8 @@ class GenerationHandler:
             self.metrics.count_request(endpoint, event.error.status)
             return [b"data: " + JSONResponse(event.error.body()).body + b"\n\n", DONE]
         output = event.output
+        if output is None:  # the engine dropped the request (shutdown): end the stream as a bug would
+            raise RuntimeError("request finished without an output")
         rest = deltas.finish(output.text)
         summary = dspark_summary(output, token_ids=False)
         if req.return_token_ids:

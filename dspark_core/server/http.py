@@ -20,6 +20,7 @@ like every other line the process writes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -63,7 +64,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._timer = None
+        self._timer: asyncio.TimerHandle | None = None
         self._timer_kind: str | None = None
         if len(self.connections) > self.limits.max_connections:
             self._answer(ApiError(503, f"too many open connections (limit {self.limits.max_connections}); retry "

@@ -75,6 +75,7 @@ class RequestPreparer:
                            code="no_tokenizer")
         param = "messages" if req.chat else "prompt"
         text = self._chat_text(req) if req.chat else req.prompt
+        assert isinstance(text, str)  # parse_request: a completion prompt is text or ids, never missing
         self.guard_length(param, len(text))
         try:
             return self.tokenizer.encode(text)
@@ -92,10 +93,12 @@ class RequestPreparer:
 
     def _chat_text(self, req: GenerationRequest) -> str:
         """The rendered conversation; a message name the template would silently drop is refused."""
-        self.guard_length("messages", sum(len(m["content"]) for m in req.messages))
-        text = self.render(req.messages)
-        named = [i for i, m in enumerate(req.messages) if "name" in m]
-        if named and self.render([{k: v for k, v in m.items() if k != "name"} for m in req.messages]) == text:
+        messages = req.messages
+        assert messages is not None  # parse_request: a chat request always has messages
+        self.guard_length("messages", sum(len(m["content"]) for m in messages))
+        text = self.render(messages)
+        named = [i for i, m in enumerate(messages) if "name" in m]
+        if named and self.render([{k: v for k, v in m.items() if k != "name"} for m in messages]) == text:
             where = f"messages[{named[0]}].name"
             raise ApiError(400, f"{where}: this model's chat template does not use message names, so the name "
                            "would be ignored; remove it (or put it in the content)", param=where,

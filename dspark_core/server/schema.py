@@ -70,7 +70,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]  # add() marks it seen
         raise _Refused(f"duplicate key {dup!r} in an object")
     return data
 

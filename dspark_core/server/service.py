@@ -205,6 +205,7 @@ class AsyncEngineService:
         now = time.monotonic()
         ending = {output.request_id for output in finished}
         for rid, sub in self._live.items():
+            assert sub.request is not None  # set before a submission goes live
             produced = len(sub.request.output)
             if produced > sub.sent:
                 if sub.first_token is None:
@@ -215,9 +216,9 @@ class AsyncEngineService:
                     self._push(sub, Tokens(tuple(sub.request.output[sub.sent:produced])))
                 sub.sent = produced
         for output in finished:
-            sub = self._live.pop(output.request_id, None)
-            if sub is not None:
-                self._finish(sub, Finished(output.finish_reason, output))
+            ended = self._live.pop(output.request_id, None)
+            if ended is not None:
+                self._finish(ended, Finished(output.finish_reason, output))
         self._snapshot()
 
     def _finish(self, sub: Submission, event: Finished | Failed) -> None:

@@ -143,7 +143,9 @@ def _shards(where: Path, items: list, chunk: int, make, log, what: str, minutes:
     later run, which resumes there.
     """
     where.mkdir(parents=True, exist_ok=True)
-    prompts, answers, parts = [], [], []
+    prompts: list[list[int]] = []
+    answers: list[list[int]] = []
+    parts: list[FeatureSet] = []
     started, made, made_answer = time.perf_counter(), 0, 0
     for n, s in enumerate(range(0, len(items), chunk)):
         path = where / f"part-{n:05d}-{chunk}.pt"

@@ -16,7 +16,7 @@ import numpy as np
 from attrs import field, frozen
 
 from dspark_core.components import Component
-from dspark_core.convert import structure_checked
+from dspark_core.convert import float_tuple, int_tuple, structure_checked
 from dspark_core.costs.base import (
     Coverage,
     check_draft_off_params,
@@ -41,14 +41,14 @@ class AdditiveParams:
     """Saved form: alpha per request bucket, theta per probed target-row count."""
 
     bias_seconds: float
-    request_buckets: tuple[int, ...] = field(converter=tuple)
-    alpha_seconds: tuple[float, ...] = field(converter=tuple)
-    target_rows: tuple[int, ...] = field(converter=tuple)
-    theta_seconds: tuple[float, ...] = field(converter=tuple)
+    request_buckets: tuple[int, ...] = field(converter=int_tuple)
+    alpha_seconds: tuple[float, ...] = field(converter=float_tuple)
+    target_rows: tuple[int, ...] = field(converter=int_tuple)
+    theta_seconds: tuple[float, ...] = field(converter=float_tuple)
     # draft-off steps have their own per-bucket term instead of alpha + theta (no draft,
     # Bcap rows); fitted as the pooled mean of their windows. Empty in older tables.
-    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
-    draft_off_seconds: tuple[float, ...] = field(default=(), converter=tuple)
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=int_tuple)
+    draft_off_seconds: tuple[float, ...] = field(default=(), converter=float_tuple)
 
 
 @frozen

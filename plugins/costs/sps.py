@@ -15,7 +15,7 @@ from typing import Any
 from attrs import field, frozen
 
 from dspark_core.components import Component
-from dspark_core.convert import structure_checked
+from dspark_core.convert import float_tuple, int_tuple, structure_checked
 from dspark_core.costs.base import (
     Coverage,
     CostSample,
@@ -45,13 +45,13 @@ class SpsParams:
     ``max_rows`` optionally caps coverage below the largest probed G.
     """
 
-    target_rows: tuple[int, ...] = field(converter=tuple)
-    steps_per_second: tuple[float, ...] = field(converter=tuple)
+    target_rows: tuple[int, ...] = field(converter=int_tuple)
+    steps_per_second: tuple[float, ...] = field(converter=float_tuple)
     request_buckets: tuple[int, ...] | None = field(default=None, converter=_optional_tuple)
     max_rows: int | None = None
     # measured steps per second of draft-off steps (no draft, Bcap rows), per bucket
-    draft_off_buckets: tuple[int, ...] = field(default=(), converter=tuple)
-    draft_off_steps_per_second: tuple[float, ...] = field(default=(), converter=tuple)
+    draft_off_buckets: tuple[int, ...] = field(default=(), converter=int_tuple)
+    draft_off_steps_per_second: tuple[float, ...] = field(default=(), converter=float_tuple)
 
 
 @frozen

@@ -25,7 +25,7 @@ def npu_graph_api() -> GraphApi:
 
     npu = getattr(torch, "npu", None)
     missing = [name for name in _GRAPH_CALLS if npu is None or not hasattr(npu, name)]
-    if missing:
+    if npu is None or missing:
         raise ConfigError(f"python_graph_backend=aclgraph: torch.npu lacks {', '.join(missing)}; "
                           "this torch_npu build has no NPU graph support")
     return GraphApi(npu.NPUGraph, npu.graph, npu.Stream, npu.stream, npu.current_stream)

@@ -76,8 +76,10 @@ class ArgmaxNoTier:
     tier_lag: int = 2
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
-        covered = np.isfinite(ctx.tier_costs) if ctx.tier_costs is not None else None
-        if covered is None or not covered.any():
+        if ctx.tier_costs is None:
+            return full_width_choice(ctx, fallback=True)
+        covered = np.isfinite(ctx.tier_costs)
+        if not covered.any():
             return full_width_choice(ctx, fallback=True)
         tiers, costs = np.asarray(ctx.tiers)[covered], ctx.tier_costs[covered]
         gains = sorted_survival_prefix(confidences, caps)

@@ -14,6 +14,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from dspark_core.convert import int_tuple, str_tuple
 from dspark_core.errors import ModelError
 
 #: HF model_type values (and aliases) this family reads.
@@ -43,8 +44,8 @@ class GlmDsaConfig:
     n_shared_experts: int
     num_experts_per_tok: int
     max_position: int
-    mlp_layer_types: tuple[str, ...] = field(converter=tuple)  # "dense" | "sparse" per layer
-    indexer_types: tuple[str, ...] = field(converter=tuple)  # "full" | "shared" per layer
+    mlp_layer_types: tuple[str, ...] = field(converter=str_tuple)  # "dense" | "sparse" per layer
+    indexer_types: tuple[str, ...] = field(converter=str_tuple)  # "full" | "shared" per layer
     n_group: int = 1
     topk_group: int = 1
     norm_topk_prob: bool = True
@@ -56,7 +57,7 @@ class GlmDsaConfig:
     tie_embeddings: bool = False
     attention_bias: bool = False
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = field(default=(), converter=tuple)
+    eos_token_ids: tuple[int, ...] = field(default=(), converter=int_tuple)
 
     def __attrs_post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "q_lora_rank", "kv_lora_rank",
