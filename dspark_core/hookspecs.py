@@ -13,9 +13,15 @@ Result rules
 * The other hooks call every implementation; their return values are
   collected in a list (most recently registered plugin first).
 
+Stage hooks (startup and step) have no default plugin: the core implements
+every stage and runs it itself; a plugin implementing a stage hook replaces
+that stage (``firstresult`` stages: the core's runs when every plugin returns
+``None``) or adds to it (the others). See docs/architecture.md, "Where the
+implementation lives".
+
 Nothing outside :mod:`dspark_core.plugins` calls ``pm.hook`` directly; the
 rest of the code goes through :class:`dspark_core.plugins.Hooks`, which
-checks these rules and turns a missing result into a clear error.
+checks these rules and turns a missing selection into a clear error.
 """
 
 from __future__ import annotations
@@ -130,11 +136,11 @@ def dspark_model_family(architecture: str) -> ModelFamily | None:
 
 @hookspec
 def dspark_warmup(runtime: Engine) -> None:
-    """Prepare every executable geometry before calibration or serving.
+    """Prepare what a plugin needs before calibration or serving.
 
-    Every implementation runs. Allocate slot storage sized to K and capture or
-    warm every binding key that calibration or serving may use. Runs also when
-    a saved cost table is reused: a table never replaces warmup.
+    Every implementation runs, before the core captures or warms every binding
+    key that calibration or serving may use. Runs also when a saved cost table
+    is reused: a table never replaces warmup.
     """
 
 
@@ -143,7 +149,7 @@ def dspark_calibrate(runtime: StartupRuntime, plan: CalibrationPlan) -> Sequence
     """Drive the real asynchronous pipeline over ``plan`` and return samples.
 
     Returns the in-memory completion windows (one sample per window) or
-    ``None`` to leave calibration to another plugin. Must not write files and
+    ``None`` to leave calibration to another plugin or the core's probes. Must not write files and
     must not add timing events or device-to-host copies to the step path.
     """
 
@@ -152,7 +158,7 @@ def dspark_calibrate(runtime: StartupRuntime, plan: CalibrationPlan) -> Sequence
 def dspark_fit(runtime: StartupRuntime, plan: CalibrationPlan, samples: Sequence[CostSample]) -> CostTable | None:
     """Fit the selected cost model on CPU and return an immutable cost table.
 
-    Returns ``None`` to leave fitting to another plugin.
+    Returns ``None`` to leave fitting to another plugin or the core.
     """
 
 
@@ -160,8 +166,8 @@ def dspark_fit(runtime: StartupRuntime, plan: CalibrationPlan, samples: Sequence
 def dspark_install_table(runtime: StartupRuntime, table: CostTable) -> None:
     """Install ``table`` on this worker before the engine reports ready.
 
-    Every implementation runs, on every rank. The table is immutable; an
-    implementation may check it (and raise) but never change it.
+    Every implementation runs, on every rank, before the core installs it. The
+    table is immutable; an implementation may check it (and raise) but never change it.
     """
 
 
@@ -175,7 +181,7 @@ def dspark_propose(step: DecodeStep) -> Proposal | None:
     """Run the draft for the step's live requests.
 
     Return the proposal (K drafted tokens and K confidences per request) or
-    ``None`` to let another plugin propose.
+    ``None`` to let another plugin or the core propose.
     """
 
 
@@ -183,7 +189,8 @@ def dspark_propose(step: DecodeStep) -> Proposal | None:
 def dspark_select_budget(step: DecodeStep, proposal: Proposal) -> Budget | None:
     """Choose the target-row tier and per-request verify lengths.
 
-    Normally delegates to the configured budget policy. Must be deterministic
+    The core's stage delegates to the configured budget policy; ``None``
+    leaves the choice to it. Must be deterministic
     for equal inputs (every rank computes the same budget) and may not change
     drafted tokens.
     """
@@ -194,7 +201,7 @@ def dspark_verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verif
     """Pack the admitted rows, run the target and greedily accept prefixes.
 
     Return the verification result (accepted lengths and the target's greedy
-    tokens) or ``None`` to let another plugin verify.
+    tokens) or ``None`` to let another plugin or the core verify.
     """
 
 
@@ -202,6 +209,6 @@ def dspark_verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verif
 def dspark_commit(step: DecodeStep, verification: Verification) -> None:
     """Publish a verified step: committed tokens, KV lengths, confidences.
 
-    Every implementation runs (the engine's commit plus observers such as
-    metrics). Observers must only read ``verification``.
+    Every implementation runs, after the core's own commit wrote the step to
+    slot storage (observers such as metrics). They must only read ``verification``.
     """

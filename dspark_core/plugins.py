@@ -169,34 +169,35 @@ class Hooks:
         """The model family serving checkpoints of ``architecture``."""
         return self._select("model_family", architecture, self._hook.dspark_model_family(architecture=architecture))
 
-    # -- startup stages ---------------------------------------------------------
-    def _required(self, hook_name: str, result: Any) -> Any:
-        if result is None:
-            raise PluginError(f"no plugin implements {hook_name} (is a default plugin blocked?)")
-        return result
+    # -- stages -----------------------------------------------------------------
+    # The core holds every stage's default implementation and runs it itself; these
+    # calls reach the plugins that add to a stage (warmup, install, commit: every
+    # implementation runs) or replace it (the others: the first non-None result,
+    # None when no plugin answers, and then the core's own stage runs).
+    def implements(self, hook_name: str) -> bool:
+        """True when a registered plugin implements ``hook_name`` (the engine skips the hook call otherwise)."""
+        return bool(getattr(self._hook, hook_name).get_hookimpls())
 
     def warmup(self, runtime: Any) -> None:
         self._hook.dspark_warmup(runtime=runtime)
 
-    def calibrate(self, runtime: Any, plan: Any) -> Sequence[Any]:
-        return self._required("dspark_calibrate", self._hook.dspark_calibrate(runtime=runtime, plan=plan))
+    def calibrate(self, runtime: Any, plan: Any) -> Sequence[Any] | None:
+        return self._hook.dspark_calibrate(runtime=runtime, plan=plan)
 
-    def fit(self, runtime: Any, plan: Any, samples: Sequence[Any]) -> Any:
-        return self._required("dspark_fit", self._hook.dspark_fit(runtime=runtime, plan=plan, samples=samples))
+    def fit(self, runtime: Any, plan: Any, samples: Sequence[Any]) -> Any | None:
+        return self._hook.dspark_fit(runtime=runtime, plan=plan, samples=samples)
 
     def install_table(self, runtime: Any, table: Any) -> None:
         self._hook.dspark_install_table(runtime=runtime, table=table)
 
-    # -- step stages ------------------------------------------------------------
-    def propose(self, step: Any) -> Any:
-        return self._required("dspark_propose", self._hook.dspark_propose(step=step))
+    def propose(self, step: Any) -> Any | None:
+        return self._hook.dspark_propose(step=step)
 
-    def select_budget(self, step: Any, proposal: Any) -> Any:
-        return self._required("dspark_select_budget", self._hook.dspark_select_budget(step=step, proposal=proposal))
+    def select_budget(self, step: Any, proposal: Any) -> Any | None:
+        return self._hook.dspark_select_budget(step=step, proposal=proposal)
 
-    def verify(self, step: Any, proposal: Any, budget: Any) -> Any:
-        result = self._hook.dspark_verify(step=step, proposal=proposal, budget=budget)
-        return self._required("dspark_verify", result)
+    def verify(self, step: Any, proposal: Any, budget: Any) -> Any | None:
+        return self._hook.dspark_verify(step=step, proposal=proposal, budget=budget)
 
     def commit(self, step: Any, verification: Any) -> None:
         self._hook.dspark_commit(step=step, verification=verification)

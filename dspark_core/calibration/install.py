@@ -1,8 +1,10 @@
 """The startup stages after warmup: calibrate, fit, install, save, audit, ready.
 
-The stage hooks (``dspark_calibrate``, ``dspark_fit``, ``dspark_install_table``)
-have their default implementations in the ``stages`` plugin, which calls the
-functions here; :func:`bring_up` runs the whole sequence for one launch.
+The core holds each stage's implementation (:func:`calibrate`, :func:`fit`,
+:func:`install`); the stage hooks are where a plugin plugs in:
+``dspark_calibrate`` and ``dspark_fit`` replace the core's stage when a plugin
+returns a result, ``dspark_install_table`` implementations run before the
+core installs the table. :func:`bring_up` runs the whole sequence for one launch.
 """
 
 from __future__ import annotations
@@ -53,6 +55,24 @@ def install(runtime: StartupRuntime, table: CostTable) -> None:
     runtime.engine.install_table(table)
 
 
+def calibrate_stage(hooks: Any, runtime: StartupRuntime, plan: CalibrationPlan) -> list[CostSample]:
+    """The calibration stage: a plugin's samples, else the core's probes."""
+    samples = hooks.calibrate(runtime, plan)
+    return calibrate(runtime, plan) if samples is None else list(samples)
+
+
+def fit_stage(hooks: Any, runtime: StartupRuntime, plan: CalibrationPlan, samples: list[CostSample]) -> CostTable:
+    """The fitting stage: a plugin's table, else the core's fit."""
+    table = hooks.fit(runtime, plan, samples)
+    return fit(runtime, plan, samples) if table is None else table
+
+
+def install_stage(hooks: Any, runtime: StartupRuntime, table: CostTable) -> None:
+    """The install stage: every plugin's ``dspark_install_table`` (they may check the table), then the core's."""
+    hooks.install_table(runtime, table)
+    install(runtime, table)
+
+
 def geometry_record(geometry) -> dict[str, Any]:
     """The captured geometry as the audit shows it."""
     return {"draft_width": geometry.draft_width, "request_buckets": list(geometry.request_buckets),
@@ -74,10 +94,10 @@ def bring_up(engine, launch, *, progress: bool = True) -> CostTable | None:
             table = launch.saved_table
             source = "saved table"
         else:
-            samples = hooks.calibrate(runtime, launch.plan)
-            table = hooks.fit(runtime, launch.plan, samples)
+            samples = calibrate_stage(hooks, runtime, launch.plan)
+            table = fit_stage(hooks, runtime, launch.plan, samples)
             source = launch.plan.source
-        hooks.install_table(runtime, table)
+        install_stage(hooks, runtime, table)
         if launch.config.adaptive_dspark_cost_table_output and launch.saved_table is None:
             save_table(table, launch.config.adaptive_dspark_cost_table_output)
         _audit(launch, engine, table, source)

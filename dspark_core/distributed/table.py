@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dspark_core.audit import get_logger
-from dspark_core.calibration.install import StartupRuntime, _audit
+from dspark_core.calibration.install import StartupRuntime, _audit, fit_stage, install_stage
 from dspark_core.calibration.plan import CalibrationPlan
 from dspark_core.calibration.probe import probe_point
 from dspark_core.costs.base import CostSample
@@ -139,13 +139,13 @@ def bring_up_ranks(engine, launch, group: RankGroup, channel: Channel, *, progre
             table, source = launch.saved_table, "saved table"
         elif group.is_rank0:
             samples = calibrate_rank0(engine, launch.plan, channel)
-            table, source = hooks.fit(runtime, launch.plan, samples), launch.plan.source
+            table, source = fit_stage(hooks, runtime, launch.plan, samples), launch.plan.source
         else:
             calibrate_worker(engine, channel)
             source = launch.plan.source
         table = share_table(group, table, hooks.cost_model)
         assert table is not None, "rank 0 always has a table here (saved or fitted)"
-        hooks.install_table(runtime, table)
+        install_stage(hooks, runtime, table)
         if group.is_rank0:
             if config.adaptive_dspark_cost_table_output and launch.saved_table is None:
                 save_table(table, config.adaptive_dspark_cost_table_output)

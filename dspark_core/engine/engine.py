@@ -25,7 +25,7 @@ from dspark_core.engine.request import Request, RequestOutput, SamplingParams, m
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.scheduler import Scheduler
 from dspark_core.engine.slots import SlotStorage
-from dspark_core.engine.step import DecodeStep, StepResult, collect
+from dspark_core.engine.step import DecodeStep, StepResult, StepStages
 from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry, kv_reserve
@@ -58,6 +58,7 @@ class Engine:
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)
         self.costs = TierCosts(self.geometry)
+        self.stages = StepStages(self.hooks)  # plugins registered later do not change a built engine
         self.tokenizer = getattr(target, "tokenizer", None)
         self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
         self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
@@ -74,8 +75,12 @@ class Engine:
 
     # -- startup -----------------------------------------------------------------
     def warmup(self) -> None:
-        """Allocate and warm/capture every binding key of the captured geometry (the warmup stage)."""
+        """Allocate and warm/capture every binding key of the captured geometry (the warmup stage).
+
+        Plugins implementing ``dspark_warmup`` run first, then the runner prepares every key.
+        """
         self.hooks.warmup(self)
+        self.runner.warmup(self.geometry)
 
     def mark_ready(self) -> None:
         """Seal the graph backend: from now on serving may only replay prepared keys."""
@@ -285,11 +290,7 @@ class Engine:
         ``step()`` builds, a multi-rank worker for the steps it replays.
         """
         try:
-            proposal = self.hooks.propose(step)
-            budget = self.hooks.select_budget(step, proposal)
-            verification = self.hooks.verify(step, proposal, budget)
-            self.hooks.commit(step, verification)
-            return collect(proposal, budget, verification)
+            return self.stages.run(step)
         except BaseException as exc:
             if step.proposal_ready is not None and not step.proposal_ready.done():
                 step.proposal_ready.set_exception(exc)  # the host may be waiting for it

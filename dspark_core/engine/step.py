@@ -1,9 +1,11 @@
 """One decode step, top to bottom: proposal -> budget selection -> verification -> commit.
 
-The engine builds a :class:`DecodeStep` for the running requests and calls the
-four step hooks in order; the default implementations below are registered by
-the ``stages`` plugin (``dspark_plugins.stages``) like any other plugin, so a
-third party can replace a stage without forking the engine.
+The engine builds a :class:`DecodeStep` for the running requests and runs the
+four stages below in order through :class:`StepStages`. The core holds the
+implementation; each stage hook (``dspark_propose`` ...) is the seam where a
+third party plugs in: a plugin that implements one replaces that stage (or
+observes commits), and a stage nobody replaced is called directly, so the
+default step crosses no plugin machinery.
 
 A step reads its anchors from slot storage and its commit writes them back, so
 with the task pipeline the host can launch step t+1 before step t's results
@@ -15,14 +17,18 @@ confidences for ``tier_lag`` 1 under schedule overlap; see docs/cuda.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
 import numpy as np
 import torch
-from concurrent.futures import Future
 
 from attrs import define, frozen
 
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
+from dspark_core.plugins import Hooks
 from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, draft_off_choice
 from dspark_kernels.accept_commit import Acceptance, commit_tokens, gather_target_tokens
 from dspark_kernels.pack import PackedRows
@@ -160,3 +166,46 @@ def collect(proposal: Proposal, budget: Budget, verification: Verification) -> S
     acceptance = verification.acceptance
     return StepResult(acceptance.accepted.tolist(), acceptance.committed.tolist(), budget.lengths.tolist(),
                       proposal.confidences.cpu().numpy().astype(np.float64), budget.choice)
+
+
+R = TypeVar("R")
+
+
+def _plugin_first(hook: Callable[..., R | None], core: Callable[..., R]) -> Callable[..., R]:
+    """A stage that asks the plugins first and runs the core's own when none of them answers."""
+
+    def stage(*args: object) -> R:
+        result = hook(*args)
+        return core(*args) if result is None else result
+
+    return stage
+
+
+class StepStages:
+    """The four stages of a decode step as the engine runs them, resolved once from the plugins.
+
+    A stage whose hook no registered plugin implements is the core function
+    itself (the default path calls it directly). Otherwise the plugins answer
+    first and the core's stage runs only when they all return None. The core's
+    commit always runs; plugins implementing ``dspark_commit`` run after it.
+    """
+
+    def __init__(self, hooks: Hooks) -> None:
+        self.propose: Callable[[DecodeStep], Proposal] = (
+            _plugin_first(hooks.propose, propose) if hooks.implements("dspark_propose") else propose)
+        self.select_budget: Callable[[DecodeStep, Proposal], Budget] = (
+            _plugin_first(hooks.select_budget, select_budget) if hooks.implements("dspark_select_budget")
+            else select_budget)
+        self.verify: Callable[[DecodeStep, Proposal, Budget], Verification] = (
+            _plugin_first(hooks.verify, verify) if hooks.implements("dspark_verify") else verify)
+        self.observe_commit = hooks.commit if hooks.implements("dspark_commit") else None
+
+    def run(self, step: DecodeStep) -> StepResult:
+        """Propose, select the budget, verify and commit one step on the calling thread; its host copy."""
+        proposal = self.propose(step)
+        budget = self.select_budget(step, proposal)
+        verification = self.verify(step, proposal, budget)
+        commit(step, verification)
+        if self.observe_commit is not None:
+            self.observe_commit(step, verification)
+        return collect(proposal, budget, verification)
