@@ -309,3 +309,28 @@ def test_a_request_without_a_drafted_block_assumes_the_batch_mean_not_full_survi
     older = first.confidence_history[-2]
     assert np.allclose(engine._confidences_up_to(newcomer, older[0]), older[1])
     engine.close()
+
+
+def test_probes_stop_backing_off_once_their_cost_fits_the_probe_budget():
+    # context(): draft-off 12 ms; raw 0.05-confidences pick the widest tier (26 ms), so a probe adds
+    # 14 ms, 1.17 draft-off steps; a gap of g off-steps between probes adds 1.17 / g of decoding time
+    weak, caps = np.full((1, WIDTH), 0.05), np.array([WIDTH])
+
+    def gaps(options: dict) -> list[int]:
+        policy = default_hooks().budget_policy("adaptive", options)
+        plans = [policy.plan(context(), weak, caps) for _ in range(400)]
+        return np.diff([i for i, p in enumerate(plans) if p.draft]).tolist()
+
+    # budget 10%: the gap doubles 4 -> 8 -> 16 (1.17 / 16 = 7% fits) and stays there
+    assert gaps({"probe_budget": 0.1})[:5] == [9, 17, 17, 17, 17]
+    # budget 1% (the default): it needs g >= 117, so the gap doubles on to 128
+    assert gaps({}) == [9, 17, 33, 65, 129, 129]
+    # a cheap probe stops sooner: near-zero confidences pick the 1-row tier (21 ms) over a 20 ms
+    # draft-off step, 5% of a step per probe, so 4 -> 8 is enough
+    cheap = default_hooks().budget_policy("adaptive", {})
+    plans = [cheap.plan(context(off_cost=0.02), np.full((1, WIDTH), 0.001), caps) for _ in range(60)]
+    assert np.diff([i for i, p in enumerate(plans) if p.draft]).tolist()[:3] == [9, 9, 9]
+    # the hard cap still wins
+    assert set(gaps({"probe_budget": 0.0, "max_probe_interval": 16})[2:]) == {17}
+    with pytest.raises(ConfigError, match="probe_budget must be a number in"):
+        default_hooks().budget_policy("adaptive", {"probe_budget": 2})

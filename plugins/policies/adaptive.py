@@ -22,8 +22,10 @@ Two things keep adaptive from ever losing to target-only decoding:
 While the draft is off nothing new is learnt, so every so often the policy
 drafts anyway (a *probe*) and judges that step with the raw confidences. The
 gap between probes doubles after each probe that finds drafting still not
-worth it, up to ``max_probe_interval`` steps, and resets as soon as drafting
-pays again; see docs/plugins.md.
+worth it, until a probe's extra cost spread over the gap is within
+``probe_budget`` of the draft-off time (or the gap reaches
+``max_probe_interval``), and resets as soon as drafting pays again; see
+docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ class AdaptivePolicy:
     uses_draft: bool = True
     draft_off: bool = True  # may plan draft-off steps when the table has their cost
     forecast_correction: bool = True  # scale expectations by realized / predicted
-    max_probe_interval: int = 64
+    max_probe_interval: int = 256
+    # largest share of draft-off time that probing may add: where a drafting step costs much
+    # more than a draft-off one (a CPU), probes grow rarer than where it is nearly free
+    probe_budget: float = 0.01
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,10 +111,24 @@ class AdaptivePolicy:
             return StepPlan(draft=True, forecast_scale=scale)
         if self.learning.off_streak >= self.learning.probe_interval:
             self.learning.off_streak = 0
-            self.learning.probe_interval = min(2 * self.learning.probe_interval, self.max_probe_interval)
+            if self._probe_share(ctx, confidences, caps) > self.probe_budget:
+                self.learning.probe_interval = min(2 * self.learning.probe_interval, self.max_probe_interval)
             return StepPlan(draft=True, probe=True, forecast_scale=1.0)
         self.learning.off_streak += 1
         return StepPlan(draft=False, forecast_scale=scale)
+
+    def _probe_share(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> float:
+        """Extra seconds of a probe (the tier the raw confidences pick) over the draft-off seconds
+        of the gap before it: what probing at the current interval adds to decoding time."""
+        costs = np.asarray(ctx.tier_costs, dtype=np.float64)
+        raw = TierContext(ctx.request_bucket, ctx.live_requests, ctx.draft_width, ctx.tiers, ctx.tier_costs,
+                          ctx.draft_off_cost, 1.0)
+        rows = self.choose_tier(raw, confidences, caps).rows
+        probe_cost = costs[ctx.tiers.index(rows)] if rows in ctx.tiers else float("nan")
+        if not np.isfinite(probe_cost):  # not covered: assume the dearest covered tier
+            probe_cost = float(np.nanmax(costs))
+        off_cost = float(ctx.draft_off_cost)  # type: ignore[arg-type]  # plan() checked it is set
+        return max(probe_cost - off_cost, 0.0) / (self.learning.probe_interval * off_cost)
 
     def observe(self, report: StepReport) -> None:
         """Learn realized / expected drafted tokens from a processed drafting step."""
@@ -142,14 +161,18 @@ def dspark_components() -> list[Component]:
 def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolicy | None:
     if name != "adaptive":
         return None
-    _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval"})
+    _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
+                             "probe_budget"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
-    interval = options.get("max_probe_interval", 64)
+    interval = options.get("max_probe_interval", 256)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise ConfigError(f"budget policy 'adaptive': max_probe_interval must be an integer >= 1, got {interval!r}")
+    budget = options.get("probe_budget", 0.01)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
+        raise ConfigError(f"budget policy 'adaptive': probe_budget must be a number in [0, 1], got {budget!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag,
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
-                          max_probe_interval=interval)
+                          max_probe_interval=interval, probe_budget=float(budget))
