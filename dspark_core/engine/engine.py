@@ -8,19 +8,17 @@ at once without schedule overlap, one step later with it.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from concurrent.futures import Future
 from typing import Any
 
-import attrs
 import numpy as np
 import torch
 
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import EngineConfig, EngineCounters, StartupWork, StepReport
 from dspark_core.engine.pipeline import DeviceQueue, Job
+from dspark_core.engine.planning import StepPlanner, remember
 from dspark_core.engine.request import Request, RequestOutput, SamplingParams, make_output
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.scheduler import Scheduler
@@ -32,7 +30,7 @@ from dspark_core.geometry import Geometry, kv_reserve
 from dspark_core.graphs import GraphBackend
 from dspark_core.models.base import DraftModel, TargetModel
 from dspark_core.plugins import Hooks, default_hooks
-from dspark_core.policy import BudgetPolicy, TierContext, observe_step, plan_step
+from dspark_core.policy import BudgetPolicy, observe_step
 
 
 class Engine:
@@ -58,16 +56,11 @@ class Engine:
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)
         self.costs = TierCosts(self.geometry)
+        self.planner = StepPlanner(self.geometry, self.costs, self.runner, self.storage)
         self.stages = StepStages(self.hooks)  # plugins registered later do not change a built engine
         self.tokenizer = getattr(target, "tokenizer", None)
         self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
         self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
-        self._decode_index = 0  # decode steps built so far; a step's confidences are keyed by it
-        # the newest launched decode step and its requests (for the lag-1 early proposal)
-        self._last_decode: tuple[DecodeStep, list[Request]] | None = None
-        # (step index, mean confidences over the step's requests) of recent drafted steps: what a
-        # request without a drafted block of its own is assumed to look like
-        self._population: deque[tuple[int, np.ndarray]] = deque(maxlen=4)
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
         self._observers: list[Callable[[StepReport], None]] = []
         self.work = StartupWork()
@@ -196,80 +189,15 @@ class Engine:
                               [r.slot for r in admitted])
         running = list(self.scheduler.running)
         if running:
-            step = self._build_step(running)
+            step = self.planner.build(running, self.policy, self.queue.depth)
             self.queue.submit("decode", running, self.decode_on_device, step, context=step)
         while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
             self._process(*self.queue.pop_oldest(), finished)
         return finished
 
-    def _build_step(self, running: list[Request]) -> DecodeStep:
-        """Host-side preparation of a decode step (overlaps the previous step's execution).
-
-        The tier is chosen from confidences exactly ``tier_lag`` steps old. What
-        the host can see without waiting depends on schedule overlap: without it
-        every earlier step is processed (age >= 1 is free); with it the previous
-        step is still running, so age 2 is free, age 1 waits for that step's
-        proposal (not its verify), and age 0 is decided inside the step itself.
-        """
-        width, n = self.config.draft_width, len(running)
-        index = self._decode_index
-        self._decode_index += 1
-        bucket = self.geometry.bucket_for(n)
-        assert bucket is not None, "the scheduler runs at most the largest bucket's requests"
-        kv = max(r.length for r in running) + kv_reserve(width)
-        tiers = self.geometry.rows_for(bucket)
-        draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
-        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
-        device = self.runner.device
-        # verifying past max_tokens is wasted work: the bonus token always commits
-        cap_values = np.array([max(0, min(width, r.remaining - 1)) for r in running], dtype=np.int64)
-        lag = self.policy.tier_lag
-        if lag == 1:
-            self._take_early_proposal(index - 1)
-        # the plan (draft or not) uses the freshest confidences the host holds; with lag >= 1
-        # that is exactly the tier's input, with lag 0 the step's own proposal does not exist yet
-        known = np.stack([self._confidences_up_to(r, index - max(lag, 1)) for r in running])
-        plan = plan_step(self.policy, ctx, known, cap_values)
-        ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
-        step = DecodeStep(self.runner, self.storage, self.policy, ctx,
-                          torch.tensor([r.slot for r in running], dtype=torch.int64, device=device),
-                          torch.from_numpy(cap_values).to(device), host_caps=cap_values, draft=plan.draft, index=index)
-        if lag > 0:
-            step.tier_confidences = known
-        if plan.draft and self.queue.depth > 1 and self._wants_early_proposal():
-            step.proposal_ready = Future()
-        self._last_decode = (step, running)
-        return step
-
-    def _wants_early_proposal(self) -> bool:
-        return self.policy.tier_lag == 1
-
-    def _take_early_proposal(self, index: int) -> None:
-        """Record step ``index``'s confidences before its results are processed (lag 1 with overlap)."""
-        if self._last_decode is None:
-            return
-        last, requests = self._last_decode
-        if last.index != index or last.proposal_ready is None:
-            return
-        confidences = last.proposal_ready.result()
-        for row, request in enumerate(requests):
-            _remember(request, index, confidences[row])
-        _remember_population(self._population, index, confidences)
-
     def _confidences_up_to(self, request: Request, index: int) -> np.ndarray:
-        """The request's newest drafted confidences from a step no later than ``index``.
-
-        A request with none (it just joined) gets the mean block of the newest
-        such step of the whole batch, and only when nothing was drafted yet all
-        ones (every drafted token assumed to survive: full width). Assuming full
-        survival for every newcomer would make a weak draft run at full width
-        on each new request's first steps.
-        """
-        for history in (request.confidence_history, self._population):
-            for step_index, confidences in reversed(history):
-                if step_index <= index:
-                    return confidences
-        return np.ones(self.config.draft_width)
+        """What the host assumes a request drafted by step ``index`` (see :class:`StepPlanner`)."""
+        return self.planner.confidences_up_to(request, index)
 
     # -- device work (run by the queue's executor; multi-rank workers call it directly) --
     def prefill_on_device(self, prompts: list[list[int]], slots: list[int]) -> list[int]:
@@ -314,7 +242,7 @@ class Engine:
                                 draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale)
             observe_step(step.policy, report)
             if result.drafted:
-                _remember_population(self._population, step.index, result.confidences)
+                self.planner.record_population(step.index, result.confidences)
             for observer in self._observers:
                 observer(report)
             for i, request in enumerate(job.requests):
@@ -327,7 +255,7 @@ class Engine:
                 stats.verify_widths.append(result.lengths[i])
                 stats.draft_off_steps += int(not result.drafted)
                 if result.drafted:
-                    _remember(request, step.index, result.confidences[i])
+                    remember(request, step.index, result.confidences[i])
                 self._append(request, result.committed[i][: result.accepted[i] + 1], finished)
         self._release_idle_slots()
 
@@ -370,15 +298,3 @@ class Engine:
         """Stop the device executor (pending work finishes first)."""
         self.queue.close()
 
-
-def _remember_population(population: deque[tuple[int, np.ndarray]], step_index: int, confidences: np.ndarray) -> None:
-    """Keep a drafted step's mean block once (the lag-1 path may have delivered it early)."""
-    if len(confidences) and (not population or population[-1][0] != step_index):
-        population.append((step_index, np.asarray(confidences, dtype=np.float64).mean(axis=0)))
-
-
-def _remember(request: Request, step_index: int, confidences: np.ndarray) -> None:
-    """Keep a step's drafted confidences once (the lag-1 path may have delivered them early)."""
-    history = request.confidence_history
-    if not history or history[-1][0] != step_index:
-        history.append((step_index, confidences))
