@@ -22,11 +22,16 @@ from dspark_core.components import Component
 from dspark_core.errors import PluginError
 
 if TYPE_CHECKING:  # annotations only: the manager sits below everything it returns
-    from dspark_core.costs.base import CostModel
+    from dspark_core.calibration.install import StartupRuntime
+    from dspark_core.calibration.plan import CalibrationPlan
+    from dspark_core.costs.base import CostModel, CostSample
     from dspark_core.device import DeviceSpec
+    from dspark_core.engine.engine import Engine
+    from dspark_core.engine.step import Budget, DecodeStep, Proposal, Verification
     from dspark_core.graphs import GraphBackend
     from dspark_core.models.base import ModelFamily
     from dspark_core.policy import BudgetPolicy
+    from dspark_core.table import CostTable
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 
@@ -178,28 +183,28 @@ class Hooks:
         """True when a registered plugin implements ``hook_name`` (the engine skips the hook call otherwise)."""
         return bool(getattr(self._hook, hook_name).get_hookimpls())
 
-    def warmup(self, runtime: Any) -> None:
+    def warmup(self, runtime: Engine) -> None:
         self._hook.dspark_warmup(runtime=runtime)
 
-    def calibrate(self, runtime: Any, plan: Any) -> Sequence[Any] | None:
+    def calibrate(self, runtime: StartupRuntime, plan: CalibrationPlan) -> Sequence[CostSample] | None:
         return self._hook.dspark_calibrate(runtime=runtime, plan=plan)
 
-    def fit(self, runtime: Any, plan: Any, samples: Sequence[Any]) -> Any | None:
+    def fit(self, runtime: StartupRuntime, plan: CalibrationPlan, samples: Sequence[CostSample]) -> CostTable | None:
         return self._hook.dspark_fit(runtime=runtime, plan=plan, samples=samples)
 
-    def install_table(self, runtime: Any, table: Any) -> None:
+    def install_table(self, runtime: StartupRuntime, table: CostTable) -> None:
         self._hook.dspark_install_table(runtime=runtime, table=table)
 
-    def propose(self, step: Any) -> Any | None:
+    def propose(self, step: DecodeStep) -> Proposal | None:
         return self._hook.dspark_propose(step=step)
 
-    def select_budget(self, step: Any, proposal: Any) -> Any | None:
+    def select_budget(self, step: DecodeStep, proposal: Proposal) -> Budget | None:
         return self._hook.dspark_select_budget(step=step, proposal=proposal)
 
-    def verify(self, step: Any, proposal: Any, budget: Any) -> Any | None:
+    def verify(self, step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification | None:
         return self._hook.dspark_verify(step=step, proposal=proposal, budget=budget)
 
-    def commit(self, step: Any, verification: Any) -> None:
+    def commit(self, step: DecodeStep, verification: Verification) -> None:
         self._hook.dspark_commit(step=step, verification=verification)
 
 

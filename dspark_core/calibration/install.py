@@ -19,6 +19,7 @@ from dspark_core.calibration.plan import CalibrationPlan
 from dspark_core.calibration.probe import draft_off_summary, points_summary, run_probes
 from dspark_core.convert import unstructure
 from dspark_core.costs.base import CostSample
+from dspark_core.plugins import Hooks
 from dspark_core.table import CostTable, fit_table, save_table
 
 
@@ -55,19 +56,19 @@ def install(runtime: StartupRuntime, table: CostTable) -> None:
     runtime.engine.install_table(table)
 
 
-def calibrate_stage(hooks: Any, runtime: StartupRuntime, plan: CalibrationPlan) -> list[CostSample]:
+def calibrate_stage(hooks: Hooks, runtime: StartupRuntime, plan: CalibrationPlan) -> list[CostSample]:
     """The calibration stage: a plugin's samples, else the core's probes."""
     samples = hooks.calibrate(runtime, plan)
     return calibrate(runtime, plan) if samples is None else list(samples)
 
 
-def fit_stage(hooks: Any, runtime: StartupRuntime, plan: CalibrationPlan, samples: list[CostSample]) -> CostTable:
+def fit_stage(hooks: Hooks, runtime: StartupRuntime, plan: CalibrationPlan, samples: list[CostSample]) -> CostTable:
     """The fitting stage: a plugin's table, else the core's fit."""
     table = hooks.fit(runtime, plan, samples)
     return fit(runtime, plan, samples) if table is None else table
 
 
-def install_stage(hooks: Any, runtime: StartupRuntime, table: CostTable) -> None:
+def install_stage(hooks: Hooks, runtime: StartupRuntime, table: CostTable) -> None:
     """The install stage: every plugin's ``dspark_install_table`` (they may check the table), then the core's."""
     hooks.install_table(runtime, table)
     install(runtime, table)
