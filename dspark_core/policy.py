@@ -31,6 +31,7 @@ from dspark_core.geometry import full_width_rows
 
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
+    from dspark_kernels import KernelSet
 
 
 @frozen
@@ -100,7 +101,7 @@ class BudgetPolicy(Protocol):
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice: ...
 
-    def split(self, kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
+    def split(self, kernels: KernelSet, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor: ...
 
 
@@ -174,11 +175,11 @@ def best_rate_tier(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray, 
     return TierChoice(ctx.tiers[best], False, float(expected[best]), float(ctx.tier_costs[best]))
 
 
-def allocate_split(kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
+def allocate_split(kernels: KernelSet, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
                    request_bucket: int) -> torch.Tensor:
     """Default split: host-fixed lengths when the choice has them, else the allocate kernel over
     the wanted draft rows (by default all of the tier's, so padding is spent on real tokens)."""
     if choice.lengths is not None:
         return torch.minimum(torch.tensor(choice.lengths, dtype=torch.int64, device=caps.device), caps)
     rows = choice.rows - request_bucket if choice.draft_rows is None else choice.draft_rows
-    return kernels.allocate(confidences, caps, rows)  # type: ignore[attr-defined]
+    return kernels.allocate(confidences, caps, rows)
