@@ -334,3 +334,17 @@ def test_probes_stop_backing_off_once_their_cost_fits_the_probe_budget():
     assert set(gaps({"probe_budget": 0.0, "max_probe_interval": 16})[2:]) == {17}
     with pytest.raises(ConfigError, match="probe_budget must be a number in"):
         default_hooks().budget_policy("adaptive", {"probe_budget": 2})
+
+
+def test_sparse_drafting_learns_the_realized_ratio_not_a_prior_blend():
+    # one drafted token expected per step, accepted on every other step: the scale must settle
+    # around 0.5, not be pulled towards 1 by the prior on every informative step (that gave ~0.69)
+    policy = default_hooks().budget_policy("adaptive", {})
+    miss = StepReport(1, 1, 2, (1,), (0,), False, predicted_tokens=2.0, committed_tokens=1)
+    hit = StepReport(1, 1, 2, (1,), (1,), False, predicted_tokens=2.0, committed_tokens=2)
+    scales = []
+    for _ in range(20):
+        for report in (miss, hit):
+            policy.observe(report)
+            scales.append(policy.learning.scale)
+    assert abs(float(np.mean(scales[-10:])) - 0.5) < 0.06

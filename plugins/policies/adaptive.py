@@ -64,11 +64,18 @@ class DraftLearning:
         return float(min(2.0, max(0.05, self.accepted / self.expected)))
 
     def record(self, expected: float, accepted: float) -> None:
-        """One drafted step. The decayed part of the past is replaced by the prior, so drafted
-        steps that verify nothing (and so teach nothing) relax the scale back towards 1, and
-        the policy tries verifying again instead of staying stuck at a low scale."""
-        self.expected = self.decay * self.expected + (1 - self.decay) * self.prior + expected
-        self.accepted = self.decay * self.accepted + (1 - self.decay) * self.prior + accepted
+        """One drafted step. A step that verified something replaces the decayed part of the
+        past by what it saw. One that verified nothing (and so teaches nothing) replaces it by
+        the prior instead, relaxing the scale back towards 1 so the policy tries verifying
+        again rather than staying stuck at a low scale. (Mixing the prior into informative
+        steps too kept the scale biased towards 1 when drafting was sparse: ~0.7 where the
+        realized ratio was ~0.5 with the shipped draft on the CPU.)"""
+        if expected > 0:
+            self.expected = self.decay * self.expected + expected
+            self.accepted = self.decay * self.accepted + accepted
+        else:
+            self.expected = self.decay * self.expected + (1 - self.decay) * self.prior
+            self.accepted = self.decay * self.accepted + (1 - self.decay) * self.prior
 
 
 @frozen
