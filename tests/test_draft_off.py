@@ -298,16 +298,16 @@ def test_a_request_without_a_drafted_block_assumes_the_batch_mean_not_full_survi
     stamping = StampingDraft(draft)
     engine = Engine(target, stamping, EngineConfig(draft_width=WIDTH, request_buckets=(1, 2), max_model_len=160))
     first = engine.add_request(prompts[0], SamplingParams(max_tokens=30, ignore_eos=True))
-    assert np.array_equal(engine._confidences_up_to(first, 0), np.ones(WIDTH))  # nothing drafted yet
+    assert np.array_equal(engine.planner.confidences_up_to(first, 0), np.ones(WIDTH))  # nothing drafted yet
     for _ in range(4):
         engine.step()
     newcomer = engine.add_request(prompts[1], SamplingParams(max_tokens=30, ignore_eos=True))
     newest = first.confidence_history[-1]
     assert not newcomer.confidence_history
-    assert np.allclose(engine._confidences_up_to(newcomer, newest[0]), newest[1])
+    assert np.allclose(engine.planner.confidences_up_to(newcomer, newest[0]), newest[1])
     # never fresher than asked for: the lag still bounds the age
     older = first.confidence_history[-2]
-    assert np.allclose(engine._confidences_up_to(newcomer, older[0]), older[1])
+    assert np.allclose(engine.planner.confidences_up_to(newcomer, older[0]), older[1])
     engine.close()
 
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 
 from dspark_core.engine.costs import TierCosts
@@ -194,10 +193,6 @@ class Engine:
         while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
             self._process(*self.queue.pop_oldest(), finished)
         return finished
-
-    def _confidences_up_to(self, request: Request, index: int) -> np.ndarray:
-        """What the host assumes a request drafted by step ``index`` (see :class:`StepPlanner`)."""
-        return self.planner.confidences_up_to(request, index)
 
     # -- device work (run by the queue's executor; multi-rank workers call it directly) --
     def prefill_on_device(self, prompts: list[list[int]], slots: list[int]) -> list[int]:

@@ -2,7 +2,7 @@
 
 The engine calls :meth:`StepPlanner.build` for the running requests (with
 schedule overlap, while the previous step still runs) and
-:meth:`StepPlanner.record` when it processes a drafted step. The planner keeps
+:meth:`StepPlanner.record_population` when it processes a drafted step. The planner keeps
 what the host knows of drafted confidences: each request's own history and the
 batch's recent mean blocks (what a request that has not drafted yet is
 assumed to look like).

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 from attrs import define, field, frozen
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
 
 FIRST_PROBE_INTERVAL = 4
+DEFAULT_MAX_PROBE_INTERVAL = 256
+DEFAULT_PROBE_BUDGET = 0.01
 
 
 @define
@@ -88,10 +91,10 @@ class AdaptivePolicy:
     uses_draft: bool = True
     draft_off: bool = True  # may plan draft-off steps when the table has their cost
     forecast_correction: bool = True  # scale expectations by realized / predicted
-    max_probe_interval: int = 256
+    max_probe_interval: int = DEFAULT_MAX_PROBE_INTERVAL
     # largest share of draft-off time that probing may add: where a drafting step costs much
     # more than a draft-off one (a CPU), probes grow rarer than where it is nearly free
-    probe_budget: float = 0.01
+    probe_budget: float = DEFAULT_PROBE_BUDGET
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,8 +112,7 @@ class AdaptivePolicy:
         scale = self.learning.scale if self.forecast_correction else 1.0
         if not self.draft_off or ctx.draft_off_cost is None or ctx.tier_costs is None:
             return StepPlan(draft=True, forecast_scale=scale)
-        _, rate = self.scores(TierContext(ctx.request_bucket, ctx.live_requests, ctx.draft_width, ctx.tiers,
-                                          ctx.tier_costs, ctx.draft_off_cost, scale), confidences, caps)
+        _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
         best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
         if not best_drafting <= ctx.live_requests / ctx.draft_off_cost:  # NaN (nothing covered) drafts
             self.learning.off_streak = 0
@@ -128,9 +130,7 @@ class AdaptivePolicy:
         """Extra seconds of a probe (the tier the raw confidences pick) over the draft-off seconds
         of the gap before it: what probing at the current interval adds to decoding time."""
         costs = np.asarray(ctx.tier_costs, dtype=np.float64)
-        raw = TierContext(ctx.request_bucket, ctx.live_requests, ctx.draft_width, ctx.tiers, ctx.tier_costs,
-                          ctx.draft_off_cost, 1.0)
-        rows = self.choose_tier(raw, confidences, caps).rows
+        rows = self.choose_tier(attrs.evolve(ctx, forecast_scale=1.0), confidences, caps).rows
         probe_cost = costs[ctx.tiers.index(rows)] if rows in ctx.tiers else float("nan")
         if not np.isfinite(probe_cost):  # not covered: assume the dearest covered tier
             probe_cost = float(np.nanmax(costs))
@@ -173,10 +173,10 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
-    interval = options.get("max_probe_interval", 256)
+    interval = options.get("max_probe_interval", DEFAULT_MAX_PROBE_INTERVAL)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise ConfigError(f"budget policy 'adaptive': max_probe_interval must be an integer >= 1, got {interval!r}")
-    budget = options.get("probe_budget", 0.01)
+    budget = options.get("probe_budget", DEFAULT_PROBE_BUDGET)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ConfigError(f"budget policy 'adaptive': probe_budget must be a number in [0, 1], got {budget!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag,
