@@ -240,6 +240,39 @@ def test_draft_off_steps_extend_the_draft_context(models, prompts):
     assert torch.allclose(conf_off, conf_k0)
 
 
+def test_queued_draft_context_rows_are_written_newest_last_per_slot_and_position():
+    """Queued rows (draft-off steps, rewritten rejected rows, a reused slot) flush in one write
+    with the same cache as writing each step's rows in order; nothing is written before a flush."""
+    import copy
+
+    from dspark_core.engine.runner import ModelRunner
+
+    target, draft = tiny_pair(seed=3)
+    runner = ModelRunner(target, copy.deepcopy(draft), draft_width=WIDTH, num_slots=2, max_len=32)
+    reference = copy.deepcopy(draft).bind_target(target)
+    reference.allocate_context(3, 32)
+    g = torch.Generator().manual_seed(0)
+    width = len(draft.config.aux_layer_ids) * draft.config.target_hidden_size
+    steps = [(0, range(0, 10)), (1, range(0, 6)), (0, range(6, 9)),  # slot 0 rows 6..8 rewritten
+             (0, range(0, 4)), (2, [0, 0, 0])]  # slot 0 reused by a shorter prompt; scratch padding
+    empty = runner.draft.context.keys.clone()
+    for slot, positions in steps:
+        positions = torch.tensor(list(positions))
+        hidden = torch.randn(len(positions), width, generator=g, dtype=torch.float64)
+        slots = torch.full_like(positions, slot)
+        runner.extend_draft_context(hidden, positions, slots)
+        reference.extend_context(hidden, positions, slots)
+    assert torch.equal(runner.draft.context.keys, empty)  # queued, not written
+    runner.flush_draft_context()
+    for cache in ("keys", "values"):  # slots 0 and 1 (the scratch slot's content is never read), up to
+        # the rounding of one batched projection against one per step
+        written, expected = getattr(runner.draft.context, cache)[:, :2], getattr(reference.context, cache)[:, :2]
+        assert torch.allclose(written, expected, rtol=1e-12, atol=1e-12)
+    before = runner.draft.context.keys.clone()
+    runner.flush_draft_context()  # nothing queued: a no-op
+    assert torch.equal(runner.draft.context.keys, before)
+
+
 # -- the age of the tier's confidences ---------------------------------------------------------
 
 class StampingDraft(DraftDouble):

@@ -18,6 +18,10 @@ from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, Tar
 from dspark_kernels import kernels_for
 from dspark_kernels.pack import PackedRows
 
+# most target rows queued for the draft's context before they are written anyway (bounds the
+# memory a long draft-off stretch holds: 4096 rows of SmolLM2's three 576-wide layers are 28 MB)
+PENDING_CONTEXT_ROWS = 4096
+
 
 class ModelRunner:
     """Target + optional DSpark draft over one static slot cache (plus a scratch slot)."""
@@ -35,6 +39,9 @@ class ModelRunner:
         self.kernels = kernels_for(draft_width)
         self.target_cache = target.new_cache(num_slots + 1, max_len)
         self.hidden_layers: tuple[int, ...] = ()
+        # target rows waiting to enter the draft's context: (hidden, positions, row slots) per step
+        self._pending_context: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending_rows = 0
         if draft is not None:
             available = draft.config.num_speculative_tokens
             if draft_width > available:
@@ -53,8 +60,44 @@ class ModelRunner:
         return out
 
     def extend_draft_context(self, hidden: torch.Tensor | None, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
-        if self.draft is not None and hidden is not None:
-            self.draft.extend_context(hidden, positions, row_slots)
+        """Queue the target's hidden states of these rows for the draft's context cache.
+
+        The write is deferred to the next proposal (:meth:`flush_draft_context`): while the
+        policy keeps the draft off, a step pays nothing for the draft, and the rows of many
+        steps (and the prompt's) go in as one batched write when drafting resumes, or never
+        when the request ends first. The queue is bounded by ``PENDING_CONTEXT_ROWS``.
+        """
+        if self.draft is None or hidden is None:
+            return
+        if self.graphs is not None and self.graphs.records:
+            hidden = hidden.clone()  # a recorded graph's output buffer is overwritten by its next replay
+        self._pending_context.append((hidden, positions, row_slots))
+        self._pending_rows += int(hidden.shape[0])
+        if self._pending_rows >= PENDING_CONTEXT_ROWS:
+            self.flush_draft_context()
+
+    def flush_draft_context(self) -> None:
+        """Write every queued row into the draft's context, the newest row winning per (slot, position).
+
+        Queued steps can name the same slot and position twice: a drafted step's rejected
+        rows are rewritten by the next step, and a released slot is reused by a new prompt.
+        Rows that a newer one overwrites are sent to the scratch slot (which no request's
+        proposal reads) instead of being cut out, so the flush reads nothing back to the host.
+        """
+        if not self._pending_context:
+            return
+        chunks, self._pending_context, self._pending_rows = self._pending_context, [], 0
+        assert self.draft is not None
+        if len(chunks) == 1:  # one step's rows never repeat a (slot, position) outside the scratch slot
+            self.draft.extend_context(*chunks[0])
+            return
+        hidden, positions, row_slots = (torch.cat(parts) for parts in zip(*chunks))
+        key = row_slots * self.max_len + positions
+        order = torch.arange(key.shape[0], device=key.device)
+        newest = torch.full(((self.num_slots + 1) * self.max_len,), -1, dtype=torch.int64, device=key.device)
+        newest.scatter_reduce_(0, key, order, reduce="amax")
+        row_slots = torch.where(newest[key] == order, row_slots, self.scratch_slot)
+        self.draft.extend_context(hidden, positions, row_slots)
 
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
         """Run the prompts, fill both caches, return each request's first greedy token."""
@@ -84,6 +127,7 @@ class ModelRunner:
         With a graph backend and a request bucket the block runs as the bucket's
         ``propose`` key (padded to the bucket on the scratch slot); otherwise eagerly.
         """
+        self.flush_draft_context()
         if self.graphs is None or request_bucket is None:
             return self._propose_fn(anchors, positions, slots)
         n = slots.shape[0]

@@ -145,10 +145,10 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
     if hidden is not None and step.policy.uses_draft:
         # the draft's context learns the target's view of every real row (draft-off steps
-        # included, so drafting can resume at any step); rejected rows sit past the new
-        # anchor and are overwritten before they are ever attended. The tier's padding rows
-        # go along (no host read to cut them off): they sit on the scratch slot, which no
-        # request's proposal reads
+        # included, so drafting can resume at any step); the runner queues them and writes
+        # them before the next proposal. Rejected rows sit past the new anchor and are
+        # overwritten before they are ever attended. The tier's padding rows go along (no
+        # host read to cut them off): they sit on the scratch slot, which no proposal reads
         runner.extend_draft_context(hidden, packed.positions, packed.row_slots)
     return Verification(packed, acceptance)
 
