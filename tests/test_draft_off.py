@@ -273,6 +273,53 @@ def test_queued_draft_context_rows_are_written_newest_last_per_slot_and_position
     assert torch.equal(runner.draft.context.keys, before)
 
 
+def _queue_and_reference(seed: int, max_rows: int = 4096):
+    """A draft-context queue over a copy of a tiny draft, and a second copy written directly."""
+    import copy
+
+    from dspark_core.engine.draft_context import DraftContextQueue
+
+    target, draft = tiny_pair(seed=seed)
+    queued, direct = (copy.deepcopy(draft).bind_target(target) for _ in range(2))
+    for d in (queued, direct):
+        d.allocate_context(3, 32)
+    queue = DraftContextQueue(queued, num_slots=2, max_len=32, scratch_slot=2, max_rows=max_rows)
+    width = len(draft.config.aux_layer_ids) * draft.config.target_hidden_size
+    g = torch.Generator().manual_seed(seed)
+
+    def rows(slot, positions):
+        positions = torch.tensor(list(positions))
+        return torch.randn(len(positions), width, generator=g, dtype=torch.float64), positions, torch.full_like(positions, slot)
+
+    return queue, queued, direct, rows
+
+
+def test_rows_of_ended_requests_are_dropped_not_written():
+    queue, queued, direct, rows = _queue_and_reference(seed=4)
+    old = rows(0, range(0, 10))
+    queue.put(*old)
+    queue.release(0)  # the request in slot 0 ended; a new one reuses the slot with a shorter prompt
+    new, other = rows(0, range(0, 4)), rows(1, range(0, 6))
+    for part in (new, other):
+        queue.put(*part)
+        direct.extend_context(*part)
+    queue.flush()
+    keys = queued.context.keys
+    assert torch.allclose(keys[:, :2], direct.context.keys[:, :2], rtol=1e-12, atol=1e-12)
+    assert not keys[:, 0, :, 4:10].any()  # the ended request's rows past the new prompt: never written
+
+
+def test_a_full_queue_drops_ended_rows_first_and_writes_only_when_still_full():
+    queue, queued, direct, rows = _queue_and_reference(seed=5, max_rows=12)
+    queue.put(*rows(0, range(0, 8)))
+    queue.release(0)
+    queue.put(*rows(1, range(0, 5)))  # 13 rows: the 8 dead ones go, nothing is written yet
+    assert queue.rows == 5 and not queued.context.keys.any()
+    queue.put(*rows(1, range(5, 12)))  # 12 live rows: written
+    assert queue.rows == 0 and queued.context.keys[:, 1, :, :12].abs().sum(dim=-1).all()
+    assert not queued.context.keys[:, 0].any()
+
+
 # -- the age of the tier's confidences ---------------------------------------------------------
 
 class StampingDraft(DraftDouble):

@@ -272,6 +272,7 @@ class Engine:
         busy = self.queue.slots_in_flight()
         for slot in sorted(self._pending_release - busy):
             self.storage.release(slot)
+            self.runner.release_draft_context(slot)
         self._pending_release &= busy
 
     def generate(self, prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, str]]],

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from dspark_core.engine.draft_context import DraftContextQueue
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes
@@ -39,9 +40,7 @@ class ModelRunner:
         self.kernels = kernels_for(draft_width)
         self.target_cache = target.new_cache(num_slots + 1, max_len)
         self.hidden_layers: tuple[int, ...] = ()
-        # target rows waiting to enter the draft's context: (hidden, positions, row slots) per step
-        self._pending_context: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._pending_rows = 0
+        self.draft_context: DraftContextQueue | None = None  # target rows waiting for the draft's context
         if draft is not None:
             available = draft.config.num_speculative_tokens
             if draft_width > available:
@@ -51,6 +50,8 @@ class ModelRunner:
             draft.bind_target(target)
             draft.allocate_context(num_slots + 1, max_len)
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
+            self.draft_context = DraftContextQueue(draft, num_slots=num_slots, max_len=max_len,
+                                                   scratch_slot=self.scratch_slot, max_rows=PENDING_CONTEXT_ROWS)
 
     def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
         """Target forward that also returns the draft's hidden states when a draft exists."""
@@ -60,44 +61,23 @@ class ModelRunner:
         return out
 
     def extend_draft_context(self, hidden: torch.Tensor | None, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
-        """Queue the target's hidden states of these rows for the draft's context cache.
-
-        The write is deferred to the next proposal (:meth:`flush_draft_context`): while the
-        policy keeps the draft off, a step pays nothing for the draft, and the rows of many
-        steps (and the prompt's) go in as one batched write when drafting resumes, or never
-        when the request ends first. The queue is bounded by ``PENDING_CONTEXT_ROWS``.
-        """
-        if self.draft is None or hidden is None:
+        """Queue the target's hidden states of these rows for the draft's context cache; they are
+        written right before the next proposal (see :mod:`dspark_core.engine.draft_context`)."""
+        if self.draft_context is None or hidden is None:
             return
         if self.graphs is not None and self.graphs.records:
             hidden = hidden.clone()  # a recorded graph's output buffer is overwritten by its next replay
-        self._pending_context.append((hidden, positions, row_slots))
-        self._pending_rows += int(hidden.shape[0])
-        if self._pending_rows >= PENDING_CONTEXT_ROWS:
-            self.flush_draft_context()
+        self.draft_context.put(hidden, positions, row_slots)
 
     def flush_draft_context(self) -> None:
-        """Write every queued row into the draft's context, the newest row winning per (slot, position).
+        """Write every queued row into the draft's context cache (the runner does it before proposing)."""
+        if self.draft_context is not None:
+            self.draft_context.flush()
 
-        Queued steps can name the same slot and position twice: a drafted step's rejected
-        rows are rewritten by the next step, and a released slot is reused by a new prompt.
-        Rows that a newer one overwrites are sent to the scratch slot (which no request's
-        proposal reads) instead of being cut out, so the flush reads nothing back to the host.
-        """
-        if not self._pending_context:
-            return
-        chunks, self._pending_context, self._pending_rows = self._pending_context, [], 0
-        assert self.draft is not None
-        if len(chunks) == 1:  # one step's rows never repeat a (slot, position) outside the scratch slot
-            self.draft.extend_context(*chunks[0])
-            return
-        hidden, positions, row_slots = (torch.cat(parts) for parts in zip(*chunks))
-        key = row_slots * self.max_len + positions
-        order = torch.arange(key.shape[0], device=key.device)
-        newest = torch.full(((self.num_slots + 1) * self.max_len,), -1, dtype=torch.int64, device=key.device)
-        newest.scatter_reduce_(0, key, order, reduce="amax")
-        row_slots = torch.where(newest[key] == order, row_slots, self.scratch_slot)
-        self.draft.extend_context(hidden, positions, row_slots)
+    def release_draft_context(self, slot: int) -> None:
+        """The request in ``slot`` ended: its queued rows need not be written."""
+        if self.draft_context is not None:
+            self.draft_context.release(slot)
 
     def prefill(self, prompts: Sequence[Sequence[int]], slots: Sequence[int]) -> torch.Tensor:
         """Run the prompts, fill both caches, return each request's first greedy token."""
