@@ -67,6 +67,42 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     assert (out / "throughput_tpot.png").stat().st_size > 1000
 
 
+def test_a_cell_finishes_its_own_launched_steps_on_its_own_clock():
+    """With schedule overlap a step is launched for requests that then finish; the cell that
+    launched it waits for it (and its policy observes it), so the next cell starts with nothing in flight."""
+    from dspark_core.bench.run import run_cell
+    from dspark_core.engine.engine import Engine, EngineConfig
+
+    target, draft = tiny_pair()
+    engine = Engine(target, draft, EngineConfig(draft_width=5, request_buckets=(1, 2, 4), max_model_len=160,
+                                                policy="fixed", schedule_overlap=True))
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+    cell = CellRecord("fixed", 2)
+    run_cell(engine, engine.policy, prompts, [0, 1, 2], 2, 6, cell)
+    assert not engine.has_work and not engine.queue.in_flight
+    assert cell.steps == engine.counters.steps  # every launched step was observed by this cell
+    engine.close()
+
+
+def test_each_concurrency_warms_up_untimed_before_its_first_round():
+    """The warm-up pass runs the concurrency's prompts with the given policy and is in no cell."""
+    from dspark_core.bench.run import WARMUP_TOKENS, run_benchmark
+    from dspark_core.engine.engine import Engine, EngineConfig
+
+    target, draft = tiny_pair()
+    engine = Engine(target, draft, EngineConfig(draft_width=5, request_buckets=(1, 2, 4), max_model_len=160,
+                                                policy="fixed"))
+    warmup, measured = engine.hooks.budget_policy("none", {}), engine.hooks.budget_policy("fixed", {"k": 2})
+    seen = []
+    engine.add_observer(lambda report: seen.append(engine.policy))
+    cells = run_benchmark(engine, {"fixed-k2": measured}, [[3, 4, 5], [6, 7]], [1, 2], [2, 2], 6, 1, warmup=warmup)
+    engine.close()
+    assert [c.policy for c in cells] == ["fixed-k2", "fixed-k2"]
+    assert sum(c.steps for c in cells) == sum(p is measured for p in seen)
+    assert sum(p is warmup for p in seen) >= 2 * (WARMUP_TOKENS - 1)  # two prompts, one at a time, then two at once
+    assert seen[0] is warmup  # before anything is measured
+
+
 def _cell(policy, walls, tokens=5, *, uses_draft=True, model=0.5, oracle=0.25, predicted=0.0, committed=0):
     """A pooled cell of len(walls) rounds; each round decodes one request of ``tokens`` tokens."""
     rounds = []

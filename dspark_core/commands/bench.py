@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
-                              args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg))
+                              args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
+                              warmup=engine.hooks.budget_policy("none", {}))
         bar.close()
         engine.close()
     rows = [summarize(c, f"fixed-k{width}") for c in cells]
