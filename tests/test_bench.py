@@ -67,9 +67,10 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     assert (out / "throughput_tpot.png").stat().st_size > 1000
 
 
-def test_a_cell_finishes_its_own_launched_steps_on_its_own_clock():
-    """With schedule overlap a step is launched for requests that then finish; the cell that
-    launched it waits for it (and its policy observes it), so the next cell starts with nothing in flight."""
+def test_a_cell_leaves_nothing_in_flight_for_the_next_one():
+    """With schedule overlap a step is launched for requests that then finish; the engine drains it
+    once no request runs, inside the cell that launched it (its policy observes it), so the next
+    cell's clock starts with nothing in flight."""
     from dspark_core.bench.run import run_cell
     from dspark_core.engine.engine import Engine, EngineConfig
 
