@@ -19,6 +19,7 @@ from attrs import define, field
 
 from dspark_core.engine.records import StepReport
 from dspark_core.engine.request import SamplingParams
+from dspark_core.policy import BudgetPolicy
 
 
 @define
@@ -156,7 +157,8 @@ WARMUP_TOKENS = 8
 
 def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], concurrencies: Sequence[int],
                   prompts_per_concurrency: Sequence[int], max_tokens: int, rounds: int,
-                  progress: Callable[[str], None] | None = None, warmup: Any = None) -> list[CellRecord]:
+                  progress: Callable[[str], None] | None = None,
+                  warmup: BudgetPolicy | None = None) -> list[CellRecord]:
     """Every policy at every concurrency, ``rounds`` times over the same prompts in rotated orders.
 
     With a ``warmup`` policy (a stateless one: the bench passes target-only), each concurrency

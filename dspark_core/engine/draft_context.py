@@ -50,8 +50,7 @@ class DraftContextQueue:
         self.scratch_slot = scratch_slot
         self.max_rows = max_rows
         self._parts: list[QueuedRows] = []
-        self._rows = 0
-        self._merged = False  # the queue holds one part made of several forwards (needs the newest-wins pass)
+        self._rows = 0  # kept with the parts: ``put`` checks it on every step
         self._sequence = 0  # forwards queued so far
         # slot -> queue number of the last forward queued before the slot's request ended: that
         # slot's rows up to it are dead. Only the engine's thread writes it (``release``); the
@@ -81,11 +80,13 @@ class DraftContextQueue:
 
     def flush(self) -> None:
         """Write every queued row into the draft's context cache (nothing when the queue is empty)."""
-        parts, merged = self._parts, self._merged
-        self._parts, self._rows, self._merged = [], 0, False
+        parts = self._parts
+        self._parts, self._rows = [], 0
         if not parts:
             return
-        if len(parts) == 1 and not merged:  # one forward never repeats a (slot, position) outside the scratch slot
+        # one forward never repeats a (slot, position) outside the scratch slot; a compacted part
+        # (per-row queue numbers) holds several
+        if len(parts) == 1 and isinstance(parts[0].sequence, int):
             self.draft.extend_context(parts[0].hidden, parts[0].positions, parts[0].row_slots)
             return
         rows = self._live(parts)
@@ -101,7 +102,7 @@ class DraftContextQueue:
         if len(self._parts) < 2:
             return
         merged = self._live(self._parts)
-        self._parts, self._rows, self._merged = [merged], merged.rows, True
+        self._parts, self._rows = [merged], merged.rows
 
     def _live(self, parts: list[QueuedRows]) -> QueuedRows:
         """The parts' rows in queue order, without those of requests that ended after them."""
