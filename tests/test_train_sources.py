@@ -7,6 +7,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -119,6 +120,17 @@ def test_both_sources_and_on_policy_time_budget(tmp_path):
     (other / "checkpoint.pt").unlink()
     run_pipeline(options(other, steps=2, answers="on_policy,sharegpt", on_policy_minutes=1e-9), progress=False, log=quiet)
     assert json.loads((other / "train-summary.json").read_text())["train_sequences"] == 32
+
+
+def test_another_prompt_count_gets_its_own_heldout_shards(tmp_path):
+    # the held-out prompts are the tail of the --prompts list: a second run with more prompts in the same
+    # shard folders holds other held-out prompts and must build its own shards, not refuse the first run's
+    run_pipeline(options(tmp_path, steps=1, answers="sharegpt"), progress=False, log=quiet)
+    (tmp_path / "checkpoint.pt").unlink()
+    run_pipeline(attrs.evolve(options(tmp_path, steps=1, answers="sharegpt"), prompts=24), progress=False, log=quiet)
+    held = sorted(p.name for p in (tmp_path / "shards-pairs-on-policy").iterdir())
+    assert held == ["heldout-4-of-20", "heldout-4-of-24"]
+    assert json.loads((tmp_path / "train-summary.json").read_text())["train_sequences"] == 20
 
 
 def test_answers_option_is_checked():

@@ -234,8 +234,10 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
         f"{len(train_pairs)} for training, {len(held_prompts)} held-out prompts answered on-policy")
     held, held_pairs = None, []
     if held_prompts:  # first: calibration and checkpoint choice need them
-        hp, ha, hparts = _on_policy(target, opts, aux, held_prompts, shard_dir(opts, aux, "pairs") / f"heldout-{len(held_prompts)}",
-                                    log, "held-out on-policy answers")
+        # the held-out prompts are the tail of the --prompts list, so the folder names both counts: runs
+        # with another --prompts hold other prompts and get their own shards instead of a refusal
+        held_dir = shard_dir(opts, aux, "pairs") / f"heldout-{len(held_prompts)}-of-{len(pairs)}"
+        hp, ha, hparts = _on_policy(target, opts, aux, held_prompts, held_dir, log, "held-out on-policy answers")
         held, held_pairs = concat_features(hparts), list(zip(hp, ha, strict=True))
     where = shard_dir(opts, aux, "sharegpt")
     log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
