@@ -320,3 +320,25 @@ def test_stop_at_ends_training_and_still_exports(tmp_path, capsys):
     assert "trained 0 steps; no step" in capsys.readouterr().out
     assert (tmp_path / "draft" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "train-summary.json").read_text())["steps_done"] == 0
+
+
+def test_init_draft_fine_tunes_a_trained_draft(tmp_path):
+    first = tmp_path / "first"
+    run_pipeline(options(first, steps=6, answers="sharegpt"), progress=False, log=quiet)
+    from dspark_core.models.speculators_io import load_draft
+
+    trained = load_draft(first / "draft")
+    again = attrs.evolve(options(tmp_path / "again", steps=1, answers="sharegpt", init_draft=str(first / "draft")),
+                         settings=TrainSettings(steps=1, seqs_per_step=4, anchors_per_seq=8, lr=1e-12, warmup=1))
+    run_pipeline(again, progress=False, log=quiet)
+    tuned = load_draft(tmp_path / "again" / "draft")
+    # the same vocabulary and (after one step at a negligible learning rate) the same weights: it started there
+    assert torch.equal(tuned.d2t, trained.d2t)
+    for (name, a), (_, b) in zip(trained.state_dict().items(), tuned.state_dict().items(), strict=True):
+        assert torch.allclose(a.float(), b.float(), atol=1e-3), name
+    summary = json.loads((tmp_path / "again" / "train-summary.json").read_text())
+    assert summary["init_draft"] == str(first / "draft")
+    with pytest.raises(ConfigError, match="block_size is 4, but --block_size asks for 3"):
+        run_pipeline(attrs.evolve(again, output=tmp_path / "bad", block_size=3), progress=False, log=quiet)
+    with pytest.raises(ConfigError, match="give one"):
+        run_pipeline(attrs.evolve(again, output=tmp_path / "both", init_from_target_layer=-1), progress=False, log=quiet)

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
       help="Initialise the draft layer(s) from this target layer (and the next ones), e.g. -1 for the top layer. Default: random.")
+    a("--init_draft", default=None,
+      help="Fine-tune this draft (directory, or 'default' for the shipped one) instead of a fresh one: its weights and "
+           "vocabulary; its architecture must match the other options. Default: a fresh draft.")
     a("--baseline_draft", default=None, help="Also measure this draft (directory, or 'default' for the shipped one) on the "
                                             "same held-out set and anchors, for comparison (train-summary.json: baseline).")
     a("--greedy_prefix_only", choices=("auto", "on", "off"), default="auto",
@@ -92,7 +95,7 @@ def options_from_args(args: argparse.Namespace):
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
               "on_policy_prompts": args.on_policy_prompts,
               "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
-              "init_from_target_layer": args.init_from_target_layer,
+              "init_from_target_layer": args.init_from_target_layer, "init_draft": args.init_draft,
               "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,
               "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
     if args.tiny:

@@ -44,6 +44,7 @@ from dspark_core.train.train import (
     copy_target_layers,
     init_draft,
     make_draft_config,
+    start_from_draft,
     train,
 )
 
@@ -83,6 +84,7 @@ class PipelineOptions:
     shard_size: int = 64
     rows_per_forward: int = 2048  # prefill-only source: rows per target forward
     init_from_target_layer: int | None = None
+    init_draft: str | None = None  # fine-tune this draft (directory or "default") instead of a fresh one
     baseline_draft: str | None = None  # a draft directory (or "default") measured on the same held-out set, for comparison
     device: str = "cpu"
     dtype: str = "float32"
@@ -300,7 +302,16 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         baseline = {"draft": str(path), **heldout_stats(other, held, opts.settings, target_to_draft_ids(other).to(held.hidden.device))}
         log(f"baseline {path} on the held-out set: tau {baseline['tau']:.4f} acc1 {baseline['acc1']:.4f}")
         del other
-    draft = init_draft(cfg, train_feats, opts.settings.seed)
+    if opts.init_draft:
+        from dspark_core.models.drafts import resolve_draft_path
+
+        if opts.init_from_target_layer is not None:
+            raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
+
+        draft = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg)
+        log(f"fine-tuning {opts.init_draft} (its weights and vocabulary; STS temperatures dropped)")
+    else:
+        draft = init_draft(cfg, train_feats, opts.settings.seed)
     if opts.init_from_target_layer is not None:
         used = copy_target_layers(draft, target, opts.init_from_target_layer)
         log(f"draft layers initialised from target layers {used}")
@@ -331,7 +342,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
             ("on_policy",) if "sharegpt" not in opts.answers else (("pairs",) if "on_policy" in opts.answers else ()) + ("sharegpt",))},
         "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
         "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
-        "init_from_target_layer": opts.init_from_target_layer,
+        "init_from_target_layer": opts.init_from_target_layer, "init_draft": opts.init_draft,
         "steps": opts.settings.steps, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
         "best": info.get("best"), "baseline": baseline, "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},

@@ -95,6 +95,31 @@ def init_draft(config: DraftConfig, feats: FeatureSet | None, seed: int) -> DSpa
     return draft
 
 
+# architecture fields a fine-tuned draft must share with the options: the features are computed for
+# ``aux_layer_ids`` and the rest is what the user asked for (the defaults match the shipped draft)
+INIT_FIELDS = {"num_layers": "--layers", "block_size": "--block_size", "draft_vocab_size": "--draft_vocab",
+               "aux_layer_ids": "--aux_layers", "markov_rank": "--markov_rank", "markov_head_type": "--markov_type",
+               "hidden_size": "--target", "target_vocab_size": "--target"}
+
+
+def start_from_draft(path, config: DraftConfig) -> DSparkDraft:
+    """A trained draft to fine-tune: its weights and vocabulary, in float32, with its STS temperatures
+    dropped (they describe the old confidence head; ``calibrate-confidence`` fits new ones). Its
+    architecture must equal ``config`` (what the options ask for), or a ConfigError names the field."""
+    import attrs
+
+    from dspark_core.errors import ConfigError
+    from dspark_core.models.speculators_io import load_draft
+
+    draft = load_draft(path)
+    for name, flag in INIT_FIELDS.items():
+        have, want = getattr(draft.config, name), getattr(config, name)
+        if have != want:
+            raise ConfigError(f"--init_draft={path}: its {name} is {have!r}, but {flag} asks for {want!r}")
+    draft.config = attrs.evolve(draft.config, sts_temperatures=None)
+    return draft
+
+
 def copy_target_layers(draft: DSparkDraft, target, first: int) -> list[int]:
     """Initialise draft layer ``i`` from target layer ``first + i`` (clipped to the last; negative
     ``first`` counts from the end). Returns the target layers used.
