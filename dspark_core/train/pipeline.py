@@ -282,6 +282,13 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         target = load_target(opts.target, device=device, dtype=dtype)
     cfg = make_draft_config(target.config, num_layers=opts.layers, block_size=opts.block_size, aux_layer_ids=opts.aux_layers,
                             draft_vocab_size=opts.draft_vocab, markov_rank=opts.markov_rank, markov_head_type=opts.markov_type)
+    start = None
+    if opts.init_draft:  # checked before the features are made, which can take hours
+        from dspark_core.models.drafts import resolve_draft_path
+
+        if opts.init_from_target_layer is not None:
+            raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
+        start = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg)
     t1 = time.perf_counter()
     train_feats, held, held_pairs = collect(target, opts, cfg.aux_layer_ids, log)
     t2 = time.perf_counter()
@@ -302,13 +309,8 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         baseline = {"draft": str(path), **heldout_stats(other, held, opts.settings, target_to_draft_ids(other).to(held.hidden.device))}
         log(f"baseline {path} on the held-out set: tau {baseline['tau']:.4f} acc1 {baseline['acc1']:.4f}")
         del other
-    if opts.init_draft:
-        from dspark_core.models.drafts import resolve_draft_path
-
-        if opts.init_from_target_layer is not None:
-            raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
-
-        draft = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg)
+    if start is not None:
+        draft = start
         log(f"fine-tuning {opts.init_draft} (its weights and vocabulary; STS temperatures dropped)")
     else:
         draft = init_draft(cfg, train_feats, opts.settings.seed)
