@@ -81,6 +81,8 @@ LR=${LR:-2e-3}
 EVAL_EVERY=${EVAL_EVERY:-100}
 TRAIN_MIN=${TRAIN_MIN:-1.75}
 INIT_LAYER=${INIT_LAYER:-}         # e.g. -1: warm-start the draft layer from the target's top layer
+INIT_DRAFT=${INIT_DRAFT:-}         # e.g. default: fine-tune the shipped draft (on the CPU this beat training from scratch;
+                                   # give it a smaller LR, e.g. LR=5e-4)
 EVAL_BATCH=${EVAL_BATCH:-16}
 EVAL_LIMIT=${EVAL_LIMIT:-0}
 WIDTHS=${WIDTHS:-5,7}
@@ -94,6 +96,7 @@ elif [ "${SMALL:-0}" = 1 ]; then  # real SmolLM2, CPU-sized
   [ -f "$SHAREGPT" ] || SHAREGPT=""
 fi
 [ -n "$INIT_LAYER" ] && extra+=(--init_from_target_layer="$INIT_LAYER")
+[ -n "$INIT_DRAFT" ] && extra+=(--init_draft="$INIT_DRAFT")
 [ "${TINY:-0}" = 1 ] || extra+=(--baseline_draft=default)  # the shipped draft on the same held-out set
 mkdir -p "$OUT" "$WORK"
 LOG=$OUT/log.txt
