@@ -1,0 +1,38 @@
+"""benchmarks/plot_draft_curves.py: held-out curves of train-draft runs to one PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "plot_draft_curves.py"
+
+
+def write_curve(path: Path, taus: list[float]) -> Path:
+    rows = [{"step": 100 * i, "answer_tokens_seen": 90_000 * i, "heldout_tau": t} for i, t in enumerate(taus)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_plots_runs_with_and_without_baselines(tmp_path):
+    a = write_curve(tmp_path / "a.jsonl", [1.0, 1.2, 1.3])
+    b = write_curve(tmp_path / "b.jsonl", [1.6, 1.7])
+    out = tmp_path / "plots" / "tau.png"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--output", str(out), f"A, from scratch={a}:1.9", f"B={b}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 5_000  # a drawn figure, not an empty canvas
+
+
+def test_a_run_without_a_curve_file_is_refused_by_name(tmp_path):
+    out = tmp_path / "tau.png"
+    for spec, words in (("just-a-label", "LABEL=CURVE.jsonl"), (f"A={tmp_path / 'missing.jsonl'}:1.5", "missing.jsonl not found")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--output", str(out), spec],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert spec in proc.stderr and words in proc.stderr
+    assert not out.exists()
