@@ -39,10 +39,8 @@ def main() -> None:
     reference = load_target(args.target, device=cpu, dtype=torch.float32)
     low = load_target(args.target, device=cpu, dtype=torch.bfloat16)
     aux = make_draft_config(reference.config).aux_layer_ids
-    pairs = []
-    for prompt, answer in data.sharegpt_pairs(None, limit=args.offset + args.pairs, seed=0, max_chars=500)[args.offset :]:
-        ids = data.chat_ids(reference.tokenizer, prompt)
-        pairs.append((ids, data.answer_ids(reference.tokenizer, ids, prompt, answer[: 16 * args.max_tokens], args.max_tokens)))
+    pairs = [data.tokenize_pair(reference.tokenizer, prompt, answer, args.max_tokens)
+             for prompt, answer in data.sharegpt_pairs(None, limit=args.offset + args.pairs, seed=0, max_chars=500)[args.offset :]]
     exact = compute_features(reference, pairs, aux, k=16, rows_per_forward=4096, progress=False)
     rough = compute_features(low, pairs, aux, k=16, rows_per_forward=4096, progress=False)
     width = exact.hidden.shape[1] // len(aux)

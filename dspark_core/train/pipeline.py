@@ -32,6 +32,7 @@ import torch
 from attrs import field, frozen
 
 from dspark_core.errors import ConfigError
+from dspark_core.models.drafts import resolve_draft_path
 from dspark_core.train import data
 from dspark_core.train.features import (
     FeatureSet,
@@ -205,8 +206,7 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
     tok = target.tokenizer
     out = []
     for prompt, answer in data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars):
-        p = data.chat_ids(tok, prompt)
-        a = data.answer_ids(tok, p, prompt, answer[: 16 * opts.max_tokens], opts.max_tokens)  # 16 chars/token is ample
+        p, a = data.tokenize_pair(tok, prompt, answer, opts.max_tokens)
         if len(a) >= 2:
             out.append((p, a))
     return out
@@ -284,8 +284,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
                             draft_vocab_size=opts.draft_vocab, markov_rank=opts.markov_rank, markov_head_type=opts.markov_type)
     start = None
     if opts.init_draft:  # checked before the features are made, which can take hours
-        from dspark_core.models.drafts import resolve_draft_path
-
         if opts.init_from_target_layer is not None:
             raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
         start = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg)
@@ -300,7 +298,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         f"({train_feats.answer_tokens} answer tokens); {len(held_pairs)} held-out sequences")
     baseline = None
     if opts.baseline_draft and held is not None:
-        from dspark_core.models.drafts import resolve_draft_path
         from dspark_core.models.speculators_io import load_draft
         from dspark_core.train.train import heldout_stats, target_to_draft_ids
 

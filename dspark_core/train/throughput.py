@@ -94,8 +94,7 @@ def main(argv=None) -> int:
     raw = data.sharegpt_pairs(args.sharegpt, limit=args.offset + args.pairs, seed=args.seed, max_chars=args.max_prompt_chars)[args.offset :]
     pairs = []
     for prompt, answer in raw:
-        p = data.chat_ids(target.tokenizer, prompt)
-        pairs.append((p, data.answer_ids(target.tokenizer, p, prompt, answer[: 16 * args.max_tokens], args.max_tokens)))
+        pairs.append(data.tokenize_pair(target.tokenizer, prompt, answer, args.max_tokens))
     report = measure(target, pairs, aux, max_tokens=args.max_tokens, gen_batch=args.gen_batch, rows_per_forward=args.rows_per_forward,
                      sources=tuple(x for x in args.sources.split(",") if x))
     report.update({"device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(), "load_seconds": round(loaded, 1),

@@ -14,11 +14,14 @@ import math
 import time
 from pathlib import Path
 
+import attrs
 import torch
 from attrs import frozen
 
+from dspark_core.errors import ConfigError
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.dspark_draft import DSparkDraft
+from dspark_core.models.speculators_io import load_draft
 from dspark_core.train.blocks import train_blocks
 from dspark_core.train.features import FeatureSet, token_counts
 from dspark_core.train.losses import (
@@ -106,11 +109,6 @@ def start_from_draft(path, config: DraftConfig) -> DSparkDraft:
     """A trained draft to fine-tune: its weights and vocabulary, in float32, with its STS temperatures
     dropped (they describe the old confidence head; ``calibrate-confidence`` fits new ones). Its
     architecture must equal ``config`` (what the options ask for), or a ConfigError names the field."""
-    import attrs
-
-    from dspark_core.errors import ConfigError
-    from dspark_core.models.speculators_io import load_draft
-
     draft = load_draft(path)
     for name, flag in INIT_FIELDS.items():
         have, want = getattr(draft.config, name), getattr(config, name)
@@ -132,8 +130,6 @@ def copy_target_layers(draft: DSparkDraft, target, first: int) -> list[int]:
     and the layer reads the embedding of ``[anchor, mask...]`` plus injected
     context instead of the residual stream after ``first`` layers.
     """
-    from dspark_core.errors import ConfigError
-
     c, t = draft.config, target.config
     n = t.num_layers
     start = first + n if first < 0 else first
