@@ -329,7 +329,8 @@ def test_init_draft_fine_tunes_a_trained_draft(tmp_path):
 
     trained = load_draft(first / "draft")
     again = attrs.evolve(options(tmp_path / "again", steps=1, answers="sharegpt", init_draft=str(first / "draft")),
-                         settings=TrainSettings(steps=1, seqs_per_step=4, anchors_per_seq=8, lr=1e-12, warmup=1))
+                         settings=TrainSettings(steps=1, seqs_per_step=4, anchors_per_seq=8, lr=1e-12, warmup=1,
+                                                eval_every=1))
     run_pipeline(again, progress=False, log=quiet)
     tuned = load_draft(tmp_path / "again" / "draft")
     # the same vocabulary and (after one step at a negligible learning rate) the same weights: it started there
@@ -338,6 +339,8 @@ def test_init_draft_fine_tunes_a_trained_draft(tmp_path):
         assert torch.allclose(a.float(), b.float(), atol=1e-3), name
     summary = json.loads((tmp_path / "again" / "train-summary.json").read_text())
     assert summary["init_draft"] == str(first / "draft")
+    # a step that changes nothing does not beat the trained starting draft, which is a candidate itself
+    assert summary["best"]["step"] == 0 and summary["chosen"] == "draft-best"
     with pytest.raises(ConfigError, match="block_size is 4, but --block_size asks for 3"):
         run_pipeline(attrs.evolve(again, output=tmp_path / "bad", block_size=3), progress=False, log=quiet)
     with pytest.raises(ConfigError, match="give one"):

@@ -325,7 +325,8 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
     feats_in = train_feats.to(device) if opts.features_on_device else train_feats
     held_in = (held.to(device) if opts.features_on_device else held) if evaluate else None
     losses, info = train(draft, target, feats_in, opts.settings, opts.output, progress=progress, log=log,
-                         heldout=held_in, on_best=on_best if evaluate else None, with_info=True)
+                         heldout=held_in, on_best=on_best if evaluate else None, with_info=True,
+                         start_is_candidate=start is not None)
     t3 = time.perf_counter()
     out = opts.output / "draft"
     if evaluate:

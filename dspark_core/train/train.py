@@ -221,7 +221,8 @@ def heldout_stats(draft: DSparkDraft, feats: FeatureSet, settings: TrainSettings
 
 
 def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings, out_dir: Path, *,
-          progress: bool = True, log=None, heldout: FeatureSet | None = None, on_best=None, with_info: bool = False):
+          progress: bool = True, log=None, heldout: FeatureSet | None = None, on_best=None, with_info: bool = False,
+          start_is_candidate: bool = False):
     """Train ``draft`` (unbound is fine; it is bound to ``target`` here). Returns the loss per step
     (and, with ``with_info``, a dict holding the best held-out evaluation).
 
@@ -230,7 +231,10 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
     With ``heldout`` and ``settings.eval_every``, held-out τ is measured every
     ``eval_every`` steps and at the end, appended to ``out_dir/curve.jsonl``
     (with the answer tokens trained on so far), and ``on_best(draft, step, tau)``
-    is called whenever it improves.
+    is called whenever it improves. The step-0 weights count as a candidate
+    only with ``start_is_candidate`` (a fine-tune of a trained draft): a random
+    init is a curve point, but a trained starting draft that no later step
+    beats is the right result.
     """
     from tqdm import tqdm
 
@@ -277,7 +281,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
                "elapsed_s": round(elapsed, 1)}
         with curve.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
-        improved = step > 0 and (best is None or r["tau"] > best["tau"])  # the untrained init is a curve point, not a candidate
+        improved = (step > 0 or start_is_candidate) and (best is None or r["tau"] > best["tau"])
         if log is not None:
             log(f"held-out at step {step} ({seen_tokens} answer tokens seen): tau {r['tau']:.4f} acc1 {r['acc1']:.4f} "
                 f"loss {r['loss']:.4f}" + (" (best)" if improved else ""))
