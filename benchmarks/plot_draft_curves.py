@@ -1,12 +1,15 @@
 """Plot held-out τ against answer tokens seen for several `train-draft` runs.
 
-    python benchmarks/plot_draft_curves.py --output benchmarks/results/draft-v3/tau-vs-data.png \
+    python benchmarks/plot_draft_curves.py --output benchmarks/results/draft-v4/tau-vs-data.png \
         "A: scratch, 7000 ShareGPT + 768 on-policy=benchmarks/results/draft-v2/curve-run-a.jsonl:1.907" \
         "B: scratch, 2560 + 2560=benchmarks/results/draft-v2/curve-run-b.jsonl:1.630" \
         "C: first stage fine-tuned on B's data=benchmarks/results/draft-v2/curve-run-c.jsonl" \
-        "D: C fine-tuned, 3840 + 3840=benchmarks/results/draft-v3/curve-run-d.jsonl:1.596"
+        "D: C fine-tuned, 3840 + 3840=benchmarks/results/draft-v3/curve-run-d.jsonl:1.596" \
+        "E: D's data again, from D=benchmarks/results/draft-v4/curve-run-e.jsonl:1.741" \
+        "F: E fine-tuned, 6400 + 6400=benchmarks/results/draft-v4/curve-run-f.jsonl:1.866"
 
-(the command that drew ``benchmarks/results/draft-v3/tau-vs-data.png``).
+(the command that drew ``benchmarks/results/draft-v4/tau-vs-data.png``; the
+``draft-v3`` plot is the same command without E and F).
 
 Each argument is ``LABEL=CURVE.jsonl[:BASELINE]``: a run's ``curve.jsonl``
 and, optionally, the τ its starting or shipped draft measured on the same
