@@ -25,6 +25,7 @@ tiny target and random prompts/answers (seconds on a CPU; used by the tests).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from attrs import field, frozen
 
 from dspark_core.errors import ConfigError
 from dspark_core.models.drafts import resolve_draft_path
+from dspark_core.models.speculators_io import load_draft, save_draft
 from dspark_core.train import data
 from dspark_core.train.features import (
     FeatureSet,
@@ -43,9 +45,11 @@ from dspark_core.train.features import (
 from dspark_core.train.train import (
     TrainSettings,
     copy_target_layers,
+    heldout_stats,
     init_draft,
     make_draft_config,
     start_from_draft,
+    target_to_draft_ids,
     train,
 )
 
@@ -267,8 +271,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
     checkpoint with the best held-out τ (``draft-best``); the final weights are
     in ``draft-last`` and the τ curve in ``curve.jsonl``.
     """
-    import shutil
-
     from dspark_core.train.runtime import resolve_device, resolve_dtype
 
     device, dtype = resolve_device(opts.device), resolve_dtype(opts.dtype)
@@ -298,9 +300,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         f"({train_feats.answer_tokens} answer tokens); {len(held_pairs)} held-out sequences")
     baseline = None
     if opts.baseline_draft and held is not None:
-        from dspark_core.models.speculators_io import load_draft
-        from dspark_core.train.train import heldout_stats, target_to_draft_ids
-
         path = resolve_draft_path(opts.baseline_draft, opts.target)
         other = load_draft(path, device=device).bind_target(target)
         baseline = {"draft": str(path), **heldout_stats(other, held, opts.settings, target_to_draft_ids(other).to(held.hidden.device))}
@@ -353,7 +352,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
 
 def save_half(draft, directory: Path, *, verifier: str | None = None) -> Path:
     """Save with float16 weights (load_draft converts back); the in-memory draft stays float32."""
-    from dspark_core.models.speculators_io import save_draft
 
     lm_head = draft.lm_head
     draft.half()

@@ -92,9 +92,7 @@ def main(argv=None) -> int:
     loaded = time.perf_counter() - t
     aux = make_draft_config(target.config).aux_layer_ids
     raw = data.sharegpt_pairs(args.sharegpt, limit=args.offset + args.pairs, seed=args.seed, max_chars=args.max_prompt_chars)[args.offset :]
-    pairs = []
-    for prompt, answer in raw:
-        pairs.append(data.tokenize_pair(target.tokenizer, prompt, answer, args.max_tokens))
+    pairs = [data.tokenize_pair(target.tokenizer, prompt, answer, args.max_tokens) for prompt, answer in raw]
     report = measure(target, pairs, aux, max_tokens=args.max_tokens, gen_batch=args.gen_batch, rows_per_forward=args.rows_per_forward,
                      sources=tuple(x for x in args.sources.split(",") if x))
     report.update({"device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(), "load_seconds": round(loaded, 1),
