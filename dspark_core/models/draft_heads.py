@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dspark_core.models.layers import linear
+
 
 class MarkovHead(nn.Module):
     """Low-rank bias ``W2(f(W1[prev]))`` added to the draft logits of each block position.
@@ -37,14 +39,14 @@ class MarkovHead(nn.Module):
     def step(self, prev_emb: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Bias ``[..., draft_vocab]`` for one position and the next recurrent state."""
         if self.kind == "vanilla":
-            return self.markov_w2(prev_emb), state
+            return linear(prev_emb, self.markov_w2.weight), state
         if self.kind == "gated":
             gate = torch.sigmoid(self.gate_proj(torch.cat([hidden, prev_emb], dim=-1)))
-            return self.markov_w2(gate * prev_emb), state
+            return linear(gate * prev_emb, self.markov_w2.weight), state
         gate_raw, cand_raw, out_raw = self.joint_proj(torch.cat([state, prev_emb, hidden], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(gate_raw)
         state = gate * state + (1.0 - gate) * torch.tanh(cand_raw)
-        return self.markov_w2(torch.tanh(out_raw)), state
+        return linear(torch.tanh(out_raw), self.markov_w2.weight), state
 
     def block_bias(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced bias for whole blocks: ``prev_ids [N, S]``, ``hidden [N, S, d]`` -> ``[N, S, V_draft]``."""

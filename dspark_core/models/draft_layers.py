@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_core.models.draft_config import DraftConfig
-from dspark_core.models.layers import rms_norm
+from dspark_core.models.layers import linear, rms_norm
+
+
+def project(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` through :func:`dspark_core.models.layers.linear` (the packed CPU path when not training)."""
+    return linear(x, layer.weight, layer.bias)
 
 
 class RMSNorm(nn.Module):
@@ -45,7 +50,7 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return project(self.down_proj, F.silu(project(self.gate_proj, x)) * project(self.up_proj, x))
 
 
 class DraftLayer(nn.Module):

@@ -37,9 +37,9 @@ from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes_active
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
-from dspark_core.models.draft_layers import DraftLayer, RMSNorm
+from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import apply_rope, rope_cos_sin
+from dspark_core.models.layers import apply_rope, linear, rope_cos_sin
 
 
 @frozen
@@ -114,12 +114,12 @@ class DSparkDraft(nn.Module):
         self._ready()
         c = self.config
         with torch.no_grad():
-            ctx = self.hidden_norm(self.fc(hidden.to(self.fc.weight.dtype)))
+            ctx = self.hidden_norm(project(self.fc, hidden.to(self.fc.weight.dtype)))
             cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, ctx.dtype)
             for i, layer in enumerate(self.layers):
                 a = layer.self_attn
-                k = a.k_norm(a.k_proj(ctx).view(-1, c.num_kv_heads, c.head_dim))
-                v = a.v_proj(ctx).view(-1, c.num_kv_heads, c.head_dim)
+                k = a.k_norm(project(a.k_proj, ctx).view(-1, c.num_kv_heads, c.head_dim))
+                v = project(a.v_proj, ctx).view(-1, c.num_kv_heads, c.head_dim)
                 self.context.write(i, slot_of_row, positions, apply_rope(k, cos, sin), v)
 
     # -- backbone ----------------------------------------------------------------
@@ -147,15 +147,15 @@ class DSparkDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x).reshape(n * s, -1)
-            q = apply_rope(a.q_norm(a.q_proj(h).view(n * s, c.num_heads, c.head_dim)), cos, sin)
-            k = apply_rope(a.k_norm(a.k_proj(h).view(n * s, c.num_kv_heads, c.head_dim)), cos, sin)
-            v = a.v_proj(h).view(n * s, c.num_kv_heads, c.head_dim)
+            q = apply_rope(a.q_norm(project(a.q_proj, h).view(n * s, c.num_heads, c.head_dim)), cos, sin)
+            k = apply_rope(a.k_norm(project(a.k_proj, h).view(n * s, c.num_kv_heads, c.head_dim)), cos, sin)
+            v = project(a.v_proj, h).view(n * s, c.num_kv_heads, c.head_dim)
             ctx_k, ctx_v = self.context.read(i, slot_ids, ctx_len)
             keys = torch.cat([ctx_k.to(k.dtype), k.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
             values = torch.cat([ctx_v.to(v.dtype), v.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
             q = q.view(n, s, c.num_heads, c.head_dim).transpose(1, 2)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads)
-            x = x + a.o_proj(out.transpose(1, 2).reshape(n, s, -1))
+            x = x + project(a.o_proj, out.transpose(1, 2).reshape(n, s, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 
@@ -184,7 +184,7 @@ class DSparkDraft(nn.Module):
         """
         c = self.config
         hidden = self._proposal_hidden(anchor_tokens, anchor_positions, slot_ids)
-        base = F.linear(hidden, self._head_weight()).float()  # [B, K, V_draft]
+        base = linear(hidden, self._head_weight()).float()  # [B, K, V_draft]
         to_target = self.draft_to_target()
         prev = anchor_tokens
         state = self.markov_head.initial_state(prev.shape[0], hidden) if self.markov_head is not None else None

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
+from dspark_core.models.cpu_linear import packed_linear, takes_packed_path
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 (as the reference implementations do), cast back."""
@@ -29,14 +31,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-# Below this many rows the CPU BLAS (MKL) runs one matrix-vector product per row, each streaming
-# the whole weight from memory: on SmolLM2 a 2-row forward cost 1.7x a 1-row one and more than a
-# 4-row one. Padding 2-3 rows up to this count takes the one-pass matrix-matrix path instead.
+# Without the packed oneDNN path (see cpu_linear), MKL runs 2-3 rows as one matrix-vector product per
+# row, each streaming the whole weight: on SmolLM2 a 2-row forward cost 1.7x a 1-row one and more than
+# a 4-row one. Padding 2-3 rows up to this count takes the one-pass matrix-matrix path instead.
 _CPU_GEMM_MIN_ROWS = 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` over packed rows ``[G, in]``; on the CPU 2-3 rows are padded to 4 (see above)."""
+    """``F.linear`` for inference; on the CPU through a packed oneDNN weight (:mod:`cpu_linear`), else
+    2-3 packed rows are padded to 4 (see above)."""
+    if takes_packed_path(x, weight):
+        return packed_linear(x, weight, bias)
     rows = x.shape[0]
     if x.device.type == "cpu" and x.dim() == 2 and 1 < rows < _CPU_GEMM_MIN_ROWS:
         padded = torch.cat([x, x.new_zeros(_CPU_GEMM_MIN_ROWS - rows, x.shape[1])])
