@@ -243,5 +243,9 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
     root = Path(__file__).resolve().parents[1]
     geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
     plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
-    assert len(plan.points) == 15 + 5 and plan.settings.draft_width == width
+    drafting = {7: 8 + 4 + 3 + 3 + 3, 5: 6 + 4 + 3 + 3 + 3}[width]
+    assert len(plan.points) == drafting + 5 and plan.settings.draft_width == width
+    # every row count of bucket 1 is measured, not interpolated (drafting pays there first on a CPU)
+    assert sorted(p.target_rows for p in plan.points if p.request_bucket == 1 and not p.draft_off) == \
+        list(range(1, width + 2))
     assert sorted(p.request_bucket for p in plan.points if p.draft_off) == [1, 2, 4, 8, 16]
