@@ -87,7 +87,9 @@ def test_cached_forward_matches_full_recompute(smollm2):
     for pos in range(n + 3, len(seq)):
         got.append(smollm2.forward(make_forward_batch([[seq[pos]]], [pos], [2]), cache).logits)
     diff = (torch.cat(got) - ref).abs().max().item()
-    assert diff < 1e-4, diff
+    # the reference multiplies with F.linear (MKL), the model through packed oneDNN weights: float32
+    # sums in another order, ~1e-4 apart on logits of magnitude ~20; a cache bug is off by far more
+    assert diff < 5e-4, diff
 
 
 def test_cli_generate_json(capsys):
