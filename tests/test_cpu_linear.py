@@ -80,6 +80,7 @@ def test_switch_off_and_unsupported_inputs_fall_back():
     cpu_linear.set_enabled(True)
     assert not cpu_linear.takes_packed_path(x.double(), w.double())
     assert not cpu_linear.takes_packed_path(x, w.bfloat16())  # mixed dtypes
+    assert not cpu_linear.takes_packed_path(x, w, torch.zeros(4, dtype=torch.float64))
     torch.testing.assert_close(linear(x.double(), w.double()), x.double() @ w.double().T)
 
 

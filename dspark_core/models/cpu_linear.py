@@ -25,7 +25,6 @@ import os
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 # (weak reference to the weight, its version when packed, the packed copy), by id(weight)
 _packed: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
@@ -75,16 +74,16 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
     return copy
 
 
-def takes_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when ``x @ weight.T`` can run on a packed weight (CPU, inference, 2-D weight, float32/bfloat16)."""
+def takes_packed_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """True when ``x @ weight.T + bias`` can run on a packed weight (CPU, inference, 2-D weight,
+    float32/bfloat16, one dtype throughout)."""
     return (weight.device.type == "cpu" and x.device.type == "cpu" and weight.dim() == 2
             and weight.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype
+            and (bias is None or bias.dtype == weight.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and enabled())
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` on the packed weight; call only where :func:`takes_packed_path` holds."""
-    if bias is not None and bias.dtype != x.dtype:
-        return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed(weight), bias, "none", [None], "")

@@ -50,7 +50,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear`` for inference; on the CPU through a packed oneDNN weight (:mod:`cpu_linear`), with
     packed rows ``[G, in]`` of fewer than 4 rows padded to 4 (2-3 rows without oneDNN; see above)."""
     short = x.device.type == "cpu" and x.dim() == 2 and x.shape[0] < _CPU_MIN_ROWS
-    if takes_packed_path(x, weight):
+    if takes_packed_path(x, weight, bias):
         if short and x.shape[1] >= _CPU_PAD_MIN_FEATURES:
             return _padded_product(packed_linear, x, weight, bias)
         return packed_linear(x, weight, bias)

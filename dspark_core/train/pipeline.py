@@ -352,7 +352,6 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
 
 def save_half(draft, directory: Path, *, verifier: str | None = None) -> Path:
     """Save with float16 weights (load_draft converts back); the in-memory draft stays float32."""
-
     lm_head = draft.lm_head
     draft.half()
     try:
