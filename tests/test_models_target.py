@@ -114,3 +114,47 @@ def test_packed_linear_matches_f_linear_for_every_row_count(rows, monkeypatch):
     assert out.shape == (rows, 40)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def _forward_twice(model, batch_parts, padding_slot):
+    """The same decode batch through the slot window (keys read in place) and through gathered keys."""
+    import attrs
+
+    from dspark_core.models import layers
+
+    prefill, decode = batch_parts
+    outputs, layouts = [], []
+    build = layers.RowLayout.build
+    for window in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(layers, "_MAX_WINDOW_SLOTS_PER_REQUEST", 2 if window else 0)
+            patch.setattr(layers.RowLayout, "build",
+                          classmethod(lambda cls, *a, **k: layouts.append(build(*a, **k)) or layouts[-1]))
+            cache = model.new_cache(8, 24)
+            model.forward(prefill, cache)
+            outputs.append(model.forward(attrs.evolve(decode, padding_slot=padding_slot), cache, hidden_layers=(1,)))
+    return outputs, layouts
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_slot_window_equals_gathered_keys_bit_for_bit(data):
+    """Reading a run of cache slots in place (idle slots get dummy queries, padding requests come back
+    as a copy of a live row) must give every live row exactly what gathering its slot's keys gives."""
+    model = random_target(VARIANTS["llama"], seed=7)
+    n = data.draw(st.integers(1, 4), label="live requests")
+    slots = data.draw(st.permutations(range(7)), label="slots")[:n]
+    padding = data.draw(st.integers(0, 2), label="padding requests")  # on slot 7, as the engine's scratch slot
+    seqs = [data.draw(st.lists(st.integers(0, 96), min_size=2, max_size=10), label=f"seq{b}") for b in range(n)]
+    rows = [data.draw(st.integers(1, 4), label=f"rows{b}") for b in range(n)]
+    prefill = make_forward_batch(seqs, [0] * n, slots)
+    new = [[(7 * b + j) % 90 for j in range(r)] for b, r in enumerate(rows)] + [[1, 2]] * padding
+    decode = make_forward_batch(new, [len(s) for s in seqs] + [0] * padding, slots + [7] * padding)
+    (windowed, gathered), layouts = _forward_twice(model, (prefill, decode), 7)
+    live_rows = sum(rows)
+    assert torch.equal(windowed.logits[:live_rows], gathered.logits[:live_rows])
+    assert torch.equal(windowed.hidden[:live_rows], gathered.hidden[:live_rows])
+    assert torch.isfinite(windowed.logits).all()  # padding rows: a copy of a live row, never NaN
+    width = max(slots) - min(slots) + 1
+    assert layouts[1].first_slot == (min(slots) if width <= 2 * n else None)  # the decode forward's layout
+    assert layouts[3].first_slot is None

@@ -44,7 +44,7 @@ TIER_ON_OWN_CONFIDENCES = {("cpu", f"{STEP}:select_budget"), ("numpy", f"{STEP}:
 EARLY_PROPOSAL_COPY = {("cpu", f"{STEP}:propose"), ("numpy", f"{STEP}:propose")}
 # made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the batch
 EAGER_ONLY = {("_local_scalar_dense", "dspark_core/models/dspark_draft.py:backbone"),
-              ("_local_scalar_dense", "dspark_core/models/layers.py:build"),
+              ("tolist", "dspark_core/models/layers.py:build"),
               ("_local_scalar_dense", "kernels/pack.py:pack")}
 
 

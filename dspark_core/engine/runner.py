@@ -152,7 +152,8 @@ class ModelRunner:
 
     def _verify_fn(self, tokens: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
                    row_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.target.forward(ForwardBatch(tokens, positions, slot_ids, row_offsets), self.target_cache,
+        batch = ForwardBatch(tokens, positions, slot_ids, row_offsets, padding_slot=self.scratch_slot)
+        out = self.target.forward(batch, self.target_cache,
                                   hidden_layers=self.hidden_layers)
         greedy = out.logits.argmax(dim=-1)
         return (greedy,) if out.hidden is None else (greedy, out.hidden)

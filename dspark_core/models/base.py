@@ -58,12 +58,17 @@ class ForwardBatch:
     are contiguous and ascending. ``slot_ids[b]`` is the KV-cache slot of
     request ``b``. A request may contribute zero rows only if every request
     does (an empty batch is not useful), so callers pass only live requests.
+
+    ``padding_slot`` names the slot of padding requests (the engine's scratch
+    slot, which fixed-shape steps fill up with): their rows' logits and hidden
+    states are never read, so a model may attend them to anything.
     """
 
     tokens: torch.Tensor  # int64 [G]
     positions: torch.Tensor  # int64 [G]
     slot_ids: torch.Tensor  # int64 [B]
     row_offsets: torch.Tensor  # int64 [B + 1]
+    padding_slot: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -71,7 +76,8 @@ class ForwardBatch:
 
     def to(self, device: torch.device | str) -> ForwardBatch:
         """The same batch with every tensor on ``device``."""
-        return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device), self.row_offsets.to(device))
+        return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device),
+                            self.row_offsets.to(device), self.padding_slot)
 
 
 def make_forward_batch(

@@ -57,6 +57,11 @@ class KVCache:
         """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``."""
         return self.keys[layer][slot_ids, :, :length], self.values[layer][slot_ids, :, :length]
 
+    def window(self, layer: int, first_slot: int, num_slots: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (no copy) of positions ``0..length-1`` of slots ``first_slot .. first_slot+num_slots-1``."""
+        last = first_slot + num_slots
+        return self.keys[layer][first_slot:last, :, :length], self.values[layer][first_slot:last, :, :length]
+
     def check_fits(self, max_position: int, num_slots_needed: int | None = None) -> None:
         """Raise a clear error when a position or slot does not fit this cache."""
         if max_position >= self.max_len:

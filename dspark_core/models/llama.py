@@ -129,7 +129,8 @@ class LlamaTarget(nn.Module):
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets,
                                      max_rows=batch.num_rows, kv_len=cache.max_len)
         else:
-            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets)
+            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
+                                     padding_slot=batch.padding_slot)
             cache.check_fits(layout.kv_len - 1)
         mask = layout.causal_mask()
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
@@ -139,7 +140,7 @@ class LlamaTarget(nn.Module):
             q, k, v = self._qkv(layer, x, cos, sin)
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
-            keys, values = cache.read(i, batch.slot_ids, layout.kv_len)
+            keys, values = layout.read(cache, i, batch.slot_ids)
             x = x + self._reduce(linear(attend(q, keys, values, layout, mask), layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
