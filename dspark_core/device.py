@@ -21,6 +21,7 @@ class DeviceSpec:
     default_graph_backend: str
     distributed_backend: str
     description: str = ""
+    default_draft_dtype: str | None = None  # None: the draft computes in the target's dtype
 
     def prepare_launch(self, config: Any) -> None:
         """Apply device-specific serve flags once the launch picked this device (before anything loads).
@@ -47,3 +48,10 @@ def import_runtime(module: str, *, needed_for: str, hint: str) -> ModuleType:
 def resolve_dtype(requested: str, device: DeviceSpec) -> str:
     """Turn ``auto`` into the device's default dtype; pass explicit dtypes through."""
     return device.default_dtype if requested == "auto" else requested
+
+
+def resolve_draft_dtype(requested: str, device: DeviceSpec, target_dtype: str) -> str:
+    """Turn the draft's ``auto`` into the device's draft default, else the target's resolved dtype."""
+    if requested != "auto":
+        return requested
+    return device.default_draft_dtype or target_dtype

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dspark_core.config import ServeConfig
 from dspark_core.costs.fingerprint import Fingerprint, launch_fingerprint
-from dspark_core.device import DeviceSpec, resolve_dtype
+from dspark_core.device import DeviceSpec, resolve_draft_dtype, resolve_dtype
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry, default_request_buckets
 from dspark_core.plugins import Hooks
@@ -65,6 +65,7 @@ def fingerprint_for(
     *,
     geometry: Geometry | None = None,
     dtype: str | None = None,
+    draft_dtype: str | None = None,
     target_path: str | Path | None = None,
     draft_path: str | Path | None = None,
 ) -> Fingerprint:
@@ -74,14 +75,17 @@ def fingerprint_for(
     adaptive, hence speculative, launch records a fingerprint, so flags given
     for checking a table keep their K even with speculation off), ``dtype`` to the
     device's resolution of ``--dtype`` (a caller may override it, as the
-    multi-rank tests do with float64). ``device`` is None when the named device
+    multi-rank tests do with float64), ``draft_dtype`` to the device's resolution of
+    ``--draft_dtype`` (recorded only where it differs from ``dtype``). ``device`` is None when the named device
     cannot be used on this host (``table validate`` on another machine): the
     flags' own values are recorded then.
     """
     backend = graph_backend_for(config, device) if device is not None else None
     if dtype is None and device is not None:
         dtype = resolve_dtype(config.dtype, device)
+    if draft_dtype is None and device is not None and dtype is not None:
+        draft_dtype = resolve_draft_dtype(config.draft_dtype, device, dtype)
     return launch_fingerprint(
         config, geometry if geometry is not None else captured_geometry(config, config.num_speculative_tokens),
-        device=device.name if device is not None else None, graph_backend=backend, dtype=dtype,
+        device=device.name if device is not None else None, graph_backend=backend, dtype=dtype, draft_dtype=draft_dtype,
         target_path=target_path, draft_path=draft_path)

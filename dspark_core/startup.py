@@ -20,7 +20,7 @@ from attrs import define
 from dspark_core.calibration.plan import CalibrationFile, CalibrationPlan, read_calibration_file, resolve_plan
 from dspark_core.config import ServeConfig
 from dspark_core.costs.fingerprint import Fingerprint
-from dspark_core.device import DeviceSpec, resolve_dtype
+from dspark_core.device import DeviceSpec, resolve_draft_dtype, resolve_dtype
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
@@ -38,6 +38,7 @@ class Launch:
     hooks: Hooks
     device: DeviceSpec
     dtype: str
+    draft_dtype: str
     geometry: Geometry
     policy: str
     policy_options: dict[str, Any]
@@ -71,7 +72,9 @@ def resolve_launch(config: ServeConfig) -> Launch:
     hooks = load_hooks(config.plugin)
     device = pick_device(hooks, config.device)
     policy, options = pick_policy(config)
-    launch = Launch(config, hooks, device, resolve_dtype(config.dtype, device), captured_geometry(config), policy, options)
+    dtype = resolve_dtype(config.dtype, device)
+    launch = Launch(config, hooks, device, dtype, resolve_draft_dtype(config.draft_dtype, device, dtype),
+                    captured_geometry(config), policy, options)
     prepare = getattr(device, "prepare_launch", None)  # device-specific flags (threads, environment report)
     if prepare is not None:
         prepare(config)
@@ -113,7 +116,7 @@ def graph_backend_name(launch: Launch) -> str:
 def fingerprint_launch(launch: Launch) -> Fingerprint:
     """The launch's fingerprint, from what it resolved (device, dtype, geometry, checkpoint paths)."""
     return fingerprint_for(launch.config, launch.device, geometry=launch.geometry, dtype=launch.dtype,
-                           target_path=launch.target_path, draft_path=launch.draft_path)
+                           draft_dtype=launch.draft_dtype, target_path=launch.target_path, draft_path=launch.draft_path)
 
 
 def build_engine(launch: Launch) -> Engine:
@@ -129,7 +132,7 @@ def build_engine(launch: Launch) -> Engine:
     target = launch.model_family.load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype)
     draft = None
     if launch.draft_path is not None:
-        draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=dtype)
+        draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=getattr(torch, launch.draft_dtype))
         if config.adaptive and draft.confidence_head is None:
             raise ConfigError(f"draft_model {launch.draft_path}: adaptive DSpark needs a draft with a confidence head")
     graphs = None

@@ -65,3 +65,22 @@ def test_speculative_equals_target_greedy(setup, policy, options, batch):
     if policy != "none":
         # the shipped draft really proposes tokens the target accepts
         assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.05
+
+
+def test_bfloat16_draft_of_a_float32_target_is_exact_and_accepted(setup):
+    """`serve` drafts in bfloat16 on CPUs with native bfloat16 (--draft_dtype=auto): the draft reads the
+    target's float32 hidden states and head in its own dtype; the output stays the target's."""
+    import torch
+
+    target, _, prompts, references = setup
+    draft = load_draft(default_draft_path("smollm2"), dtype=torch.bfloat16)
+    buckets = (1, 2, 4, 8, 16)
+    engine = Engine(target, draft, EngineConfig(draft_width=7, policy="fixed", policy_options={"k": 3},
+                                                request_buckets=buckets, max_model_len=256, schedule_overlap=True))
+    engine.install_table(synthetic_table(7, buckets))
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.close()
+    assert draft.fc.weight.dtype == torch.bfloat16 and draft._head.dtype == torch.bfloat16
+    result = compare(target, prompts, references, [o.token_ids for o in outputs])
+    assert result["real"] == 0, result["divergences"]
+    assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.05

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
+import pytest
+
 from dspark_core.commands.table import _launch
+from dspark_core.costs.fingerprint import compare
 from dspark_core.config import parse_serve_args
-from dspark_core.device import DeviceSpec
+from dspark_core.device import DeviceSpec, resolve_draft_dtype
 from dspark_core.geometry import Geometry, kv_reserve
 from dspark_core.plugins import default_hooks
 from dspark_core.resolve import captured_geometry, fingerprint_for, graph_backend_for, pick_device
@@ -42,3 +46,36 @@ def test_table_validate_and_a_launch_build_the_same_fingerprint(tmp_path):
 
 def test_kv_reserve_is_two_launched_steps_of_k_plus_one_rows():
     assert kv_reserve(7) == 16 and kv_reserve(0) == 2
+
+
+def test_draft_dtype_auto_is_the_device_draft_default_else_the_target_dtype():
+    narrow = attrs.evolve(GPU, default_draft_dtype="bfloat16")
+    assert resolve_draft_dtype("auto", GPU, "float32") == "float32"
+    assert resolve_draft_dtype("auto", narrow, "float32") == "bfloat16"
+    assert resolve_draft_dtype("float16", narrow, "float32") == "float16"
+
+
+def test_fingerprint_records_the_draft_dtype_only_where_it_differs(tmp_path):
+    target = tmp_path / "target.gguf"
+    target.write_bytes(b"GGUF" + bytes(100))
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    config = parse_serve_args([f"--model={target}", f"--draft_model={draft}", "--dtype=float32"])
+    cpu = attrs.evolve(GPU, default_dtype="float32")
+    same = fingerprint_for(config, cpu, target_path=target, draft_path=draft)
+    narrow = fingerprint_for(config, attrs.evolve(cpu, default_draft_dtype="bfloat16"), target_path=target,
+                             draft_path=draft)
+    assert same.execution.draft_dtype is None and narrow.execution.draft_dtype == "bfloat16"
+    assert [m.field for m in compare(same, narrow)] == ["execution.draft_dtype"]
+    no_draft = parse_serve_args([f"--model={target}", "--draft_dtype=bfloat16"])  # nothing drafts: nothing recorded
+    assert fingerprint_for(no_draft, cpu, target_path=target).execution.draft_dtype is None
+
+
+@pytest.mark.parametrize("capability,expected", [({"avx512_bf16": True}, "bfloat16"), ({"amx_bf16": True}, "bfloat16"),
+                                                 ({"avx512_bf16": False}, None)])
+def test_cpu_drafts_in_bfloat16_only_where_products_are_native(monkeypatch, capability, expected):
+    import torch
+
+    monkeypatch.setattr(torch._C._cpu, "_get_cpu_capability", lambda: capability)
+    assert pick_device(default_hooks(), "cpu").default_draft_dtype == expected

@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="Compute dtype of the in-process engine, as for `serve`.")
+    parser.add_argument("--draft_dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="Draft compute dtype of the in-process engine, as for `serve`.")
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md and PNGs.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
@@ -58,7 +60,8 @@ def _engine(args: argparse.Namespace):
 
     flags = [f"--model={args.model}", f"--draft_model={args.draft_model}",
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
-             f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}"]
+             f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
+             f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}"]
     calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
                  else f"--adaptive_dspark_calibration={calibration}")

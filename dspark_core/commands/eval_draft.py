@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from dspark_core.train.runtime import add_device_arguments
+from dspark_core.train.runtime import DTYPES, add_device_arguments
 
 NAME = "eval-draft"
 HELP = "Evaluate a draft: real-engine acceptance and τ at several widths, confidence ECE (before/after STS) and ROC-AUC."
@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
     add_device_arguments(parser)
+    a("--draft_dtype", choices=["same", "float32", "bfloat16", "float16"], default="same",
+      help="Draft dtype (`same`: --dtype). `serve` on a CPU with native bfloat16 drafts in bfloat16. Default: same.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Use the random tiny target of train-draft --tiny (for smoke runs; needs "
                                           "--prompts with prompt_ids, e.g. RUN/heldout.jsonl).")
@@ -127,13 +129,15 @@ def run(args: argparse.Namespace) -> int:
 
         target = load_target(args.target, device=device, dtype=dtype)
     draft_dir = resolve_draft_path(args.draft_model, args.target)
-    draft = load_draft(draft_dir, device=device, dtype=dtype)
+    draft_dtype = dtype if args.draft_dtype == "same" else DTYPES[args.draft_dtype]
+    draft = load_draft(draft_dir, device=device, dtype=draft_dtype)
     prompts = read_eval_prompts(Path(args.prompts)) if args.prompts else mtbench_first_turns()
     if args.limit > 0:
         prompts = prompts[: args.limit]
     report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins)
     report["draft"] = str(draft_dir)
     report["device"], report["dtype"] = str(device), args.dtype
+    report["draft_dtype"] = str(draft_dtype).removeprefix("torch.")
     report["prompt_source"] = args.prompts or "mt_bench first turns"
     if args.json:
         print(json.dumps(_clean(report)))

@@ -53,6 +53,7 @@ class Execution:
     schedule_overlap: bool
     task_pipeline: bool
     geometry: Geometry
+    draft_dtype: str | None = None  # the draft's dtype where it differs from ``dtype`` (None: the same)
 
 
 @frozen
@@ -117,6 +118,7 @@ def launch_fingerprint(
     device: str | None = None,
     graph_backend: str | None = None,
     dtype: str | None = None,
+    draft_dtype: str | None = None,
     target_path: str | Path | None = None,
     draft_path: str | Path | None = None,
 ) -> Fingerprint:
@@ -142,8 +144,15 @@ def launch_fingerprint(
             schedule_overlap=config.enable_schedule_overlap,
             task_pipeline=config.enable_task_pipeline,
             geometry=geometry,
+            draft_dtype=_draft_dtype(draft_dtype or getattr(config, "draft_dtype", None), dtype or config.dtype, draft),
         ),
     )
+
+
+def _draft_dtype(draft_dtype: str | None, dtype: str, draft: Any) -> str | None:
+    # recorded only where it differs: tables saved before drafts had their own dtype (and launches
+    # whose draft computes in the target's dtype) carry None and stay compatible
+    return draft_dtype if draft and draft_dtype not in (None, dtype) else None
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:

@@ -91,7 +91,8 @@ class DSparkDraft(nn.Module):
             raise ModelError(f"draft aux_hidden_state_layer_ids {bad} are outside the target's 0..{target.config.num_layers}")
         self._embed = target.embed.detach()
         head = target.lm_head.detach()
-        self._head = head if self.d2t is None else head[self.draft_to_target()]
+        head = head if self.d2t is None else head[self.draft_to_target()]
+        self._head = head.to(self.fc.weight.dtype)  # a draft may compute in a narrower dtype than its target
         return self
 
     def allocate_context(self, num_slots: int, max_len: int) -> KVCache:

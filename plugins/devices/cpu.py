@@ -23,6 +23,18 @@ class CpuDevice(DeviceSpec):
             torch.set_num_threads(config.cpu_threads)
 
 
+def native_bfloat16() -> bool:
+    """True when this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 draft
+    reads half the bytes at full speed. Elsewhere bfloat16 products are emulated and slower."""
+    import torch
+
+    try:
+        capability = torch._C._cpu._get_cpu_capability()  # private; absent or changed: assume no
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(capability.get("avx512_bf16") or capability.get("amx_bf16"))
+
+
 @hookimpl
 def dspark_components() -> list[Component]:
     # lowest priority: --device=auto falls back to the CPU when no accelerator is usable
@@ -40,4 +52,7 @@ def dspark_device(name: str) -> DeviceSpec | None:
         default_graph_backend="static",
         distributed_backend="gloo",
         description=f"{os.cpu_count()} logical cores",
+        # measured on the shipped SmolLM2 draft (AVX512-BF16): proposals 30-35 % faster, held-out
+        # acceptance unchanged (tau 1.762 against 1.759 over 48 prompts); docs/models.md
+        default_draft_dtype="bfloat16" if native_bfloat16() else None,
     )
