@@ -13,7 +13,9 @@ Two things keep adaptive from ever losing to target-only decoding:
 
 * **Draft-off steps.** When the table has a calibrated draft-off cost, the
   host plans each step: if one token per request at the draft-off cost beats
-  the best drafting tier, the step runs no draft at all.
+  what drafted steps of this request bucket really bought lately (the
+  ``realized`` rule; ``confidence``: the best drafting tier on the freshest
+  confidences), the step runs no draft at all.
 * **Honest forecasts.** Confidences from a draft's head are often optimistic
   (and the tier is picked from older ones). The policy keeps running sums of
   the drafted tokens it expected and the ones the target accepted, decayed per
@@ -60,6 +62,13 @@ class DraftLearning:
     accepted: float = 2.0  # ... and of those the target accepted
     off_streak: int = 0  # draft-off steps planned since the last drafted one
     probe_interval: int = FIRST_PROBE_INTERVAL
+    # per request bucket, the decayed mean over drafted steps of (tokens committed / calibrated step
+    # seconds) over the draft-off rate (requests / draft-off seconds): what drafting really bought
+    advantage: dict[int, float] = field(factory=dict)
+    advantage_square: dict[int, float] = field(factory=dict)  # the same decayed mean of the ratio squared
+    # about 9 drafted steps of memory: one step's ratio is noisy (0.8 to 4 on a CPU at concurrency 1),
+    # yet a draft that stops paying must be noticed within a few steps
+    advantage_decay: float = 0.8
 
     @property
     def scale(self) -> float:
@@ -80,6 +89,18 @@ class DraftLearning:
             self.expected = self.decay * self.expected + (1 - self.decay) * self.prior
             self.accepted = self.decay * self.accepted + (1 - self.decay) * self.prior
 
+    def record_advantage(self, bucket: int, ratio: float) -> None:
+        """One drafted step's realized rate over the draft-off rate, in its request bucket."""
+        for moments, value in ((self.advantage, ratio), (self.advantage_square, ratio * ratio)):
+            previous = moments.get(bucket)
+            moments[bucket] = value if previous is None else (
+                self.advantage_decay * previous + (1 - self.advantage_decay) * value)
+
+    def advantage_error(self, bucket: int) -> float:
+        """Standard error of the bucket's decayed mean (its ratio's spread over the mean's ~9 samples)."""
+        mean, square = self.advantage.get(bucket, 0.0), self.advantage_square.get(bucket, 0.0)
+        return float(np.sqrt(max(square - mean * mean, 0.0) * (1 - self.advantage_decay) / (1 + self.advantage_decay)))
+
 
 @frozen
 class AdaptivePolicy:
@@ -95,6 +116,9 @@ class AdaptivePolicy:
     # largest share of draft-off time that probing may add: where a drafting step costs much
     # more than a draft-off one (a CPU), probes grow rarer than where it is nearly free
     probe_budget: float = DEFAULT_PROBE_BUDGET
+    # what decides draft-off: "confidence" (the best drafting tier on the freshest confidences) or
+    # "realized" (the decayed mean of what drafted steps really bought, once one was measured)
+    draft_off_rule: str = "realized"
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,19 +136,33 @@ class AdaptivePolicy:
         scale = self.learning.scale if self.forecast_correction else 1.0
         if not self.draft_off or ctx.draft_off_cost is None or ctx.tier_costs is None:
             return StepPlan(draft=True, forecast_scale=scale)
-        _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
-        best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
-        if not best_drafting <= ctx.live_requests / ctx.draft_off_cost:  # NaN (nothing covered) drafts
+        measured = self.learning.advantage.get(ctx.request_bucket)
+        if self.draft_off_rule == "realized" and measured is not None:
+            worth_drafting = measured > 1.0
+        else:
+            _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
+            best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
+            worth_drafting = not best_drafting <= ctx.live_requests / ctx.draft_off_cost  # NaN (nothing covered) drafts
+        if worth_drafting:
             self.learning.off_streak = 0
             self.learning.probe_interval = FIRST_PROBE_INTERVAL
             return StepPlan(draft=True, forecast_scale=scale)
         if self.learning.off_streak >= self.learning.probe_interval:
             self.learning.off_streak = 0
-            if self._probe_share(ctx, confidences, caps) > self.probe_budget:
+            if self._probe_share(ctx, confidences, caps) > self.probe_budget and not self._near_even(ctx):
                 self.learning.probe_interval = min(2 * self.learning.probe_interval, self.max_probe_interval)
             return StepPlan(draft=True, probe=True, forecast_scale=1.0)
         self.learning.off_streak += 1
         return StepPlan(draft=False, forecast_scale=scale)
+
+    def _near_even(self, ctx: TierContext) -> bool:
+        """Under the realized rule, drafting measured within one standard error of paying: probes stay
+        frequent, since each probe is then about as likely to pay as not (one request on a CPU: a
+        step's ratio ranges 0.8-4, so a few failed steps say little). Clearly below (many requests
+        average out): the interval grows as under the confidence rule."""
+        measured = self.learning.advantage.get(ctx.request_bucket)
+        return (self.draft_off_rule == "realized" and measured is not None
+                and measured + self.learning.advantage_error(ctx.request_bucket) >= 1.0)
 
     def _probe_share(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> float:
         """Extra seconds of a probe (the tier the raw confidences pick) over the draft-off seconds
@@ -138,11 +176,24 @@ class AdaptivePolicy:
         return max(probe_cost - off_cost, 0.0) / (self.learning.probe_interval * off_cost)
 
     def observe(self, report: StepReport) -> None:
-        """Learn realized / expected drafted tokens from a processed drafting step."""
+        """Learn realized / expected drafted tokens, and what drafting bought, from a processed step."""
         if report.draft_off or report.fallback or not np.isfinite(report.predicted_tokens):
             return
+        ratio = _drafting_advantage(report)
+        if ratio is not None:
+            self.learning.record_advantage(report.request_bucket, ratio)
         raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
         self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
+
+
+def _drafting_advantage(report: StepReport) -> float | None:
+    """A drafted step's committed tokens per calibrated second over the draft-off rate (None: unpriced)."""
+    if report.tier_costs is None or not report.draft_off_cost or report.target_rows not in report.tiers:
+        return None
+    seconds = float(report.tier_costs[report.tiers.index(report.target_rows)])
+    if not np.isfinite(seconds) or seconds <= 0:
+        return None
+    return (report.committed_tokens / seconds) / (report.live_requests / report.draft_off_cost)
 
 
 def _options(name: str, options: Mapping[str, Any], allowed: set[str]) -> None:
@@ -169,7 +220,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     if name != "adaptive":
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
-                             "probe_budget"})
+                             "probe_budget", "draft_off_rule"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -179,7 +230,10 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     budget = options.get("probe_budget", DEFAULT_PROBE_BUDGET)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ConfigError(f"budget policy 'adaptive': probe_budget must be a number in [0, 1], got {budget!r}")
-    return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag,
+    rule = options.get("draft_off_rule", "realized")
+    if rule not in ("confidence", "realized"):
+        raise ConfigError(f"budget policy 'adaptive': draft_off_rule must be \"confidence\" or \"realized\", got {rule!r}")
+    return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag, draft_off_rule=rule,
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
                           max_probe_interval=interval, probe_budget=float(budget))
