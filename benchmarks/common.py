@@ -36,3 +36,15 @@ def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", over
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
+
+
+def write_results(path: str | None, script: str, meta: dict, results: list[dict]) -> None:
+    """Write ``{"meta", "results"}`` JSON to ``path`` (nothing without one); meta gains torch and the command."""
+    if not path:
+        return
+    import json
+    import sys
+    from pathlib import Path
+
+    meta = {**meta, "torch": torch.__version__, "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:])}
+    Path(path).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")

@@ -12,14 +12,11 @@ propose the same tokens. Acceptance is measured separately with
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-from common import load_models, set_threads
+from common import load_models, set_threads, write_results
 
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.models.drafts import resolve_draft_path
@@ -68,10 +65,8 @@ def main() -> None:
         row["bfloat16_speedup"] = round(row["float32_ms"] / row["bfloat16_ms"], 3)
         print(row, flush=True)
         results.append(row)
-    if args.output:
-        meta = {"threads": args.threads, "rounds": args.rounds, "reps": args.reps, "torch": torch.__version__,
-                "command": "python benchmarks/draft_dtype.py " + " ".join(sys.argv[1:])}
-        Path(args.output).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    write_results(args.output, "draft_dtype.py", {"threads": args.threads, "rounds": args.rounds, "reps": args.reps},
+                  results)
 
 
 if __name__ == "__main__":

@@ -12,20 +12,13 @@ context lengths. Both give bit-identical logits; only the time differs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
-from common import load_models, make_engine, mtbench_chats, set_threads
+from common import load_models, make_engine, mtbench_chats, set_threads, write_results
 
 from dspark_core.engine.request import SamplingParams
 from dspark_core.models import layers
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from engine_support import synthetic_table  # noqa: E402  (a flat table: the policies here ignore costs)
 
 MODES = {"gathered": 0, "window": layers._MAX_WINDOW_SLOTS_PER_REQUEST}
 
@@ -51,8 +44,8 @@ def main() -> None:
     results = []
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         for policy in args.policies.split(","):
-            engine = make_engine(target, draft, policy="fixed" if policy.startswith("fixed") else policy,
-                                 overlap=False, table=synthetic_table(7, (1, 2, 4, 8, 16)))
+            # fixed widths and target-only need no cost table
+            engine = make_engine(target, draft, policy="fixed" if policy.startswith("fixed") else policy, overlap=False)
             if policy.startswith("fixed-k"):
                 engine.set_policy(engine.hooks.budget_policy("fixed", {"k": int(policy.removeprefix("fixed-k"))}))
             for chat in mtbench_chats(concurrency):
@@ -71,10 +64,8 @@ def main() -> None:
             row["window_speedup"] = round(row["gathered_step_ms"] / row["window_step_ms"], 3)
             print(row, flush=True)
             results.append(row)
-    if args.output:
-        meta = {"threads": args.threads, "rounds": args.rounds, "steps_per_block": args.steps, "torch": torch.__version__,
-                "command": "python benchmarks/kv_window.py " + " ".join(sys.argv[1:])}
-        Path(args.output).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    write_results(args.output, "kv_window.py",
+                  {"threads": args.threads, "rounds": args.rounds, "steps_per_block": args.steps}, results)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
     add_device_arguments(parser)
-    a("--draft_dtype", choices=["same", "float32", "bfloat16", "float16"], default="same",
+    a("--draft_dtype", choices=["same", *DTYPES], default="same",
       help="Draft dtype (`same`: --dtype). `serve` on a CPU with native bfloat16 drafts in bfloat16. Default: same.")
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Use the random tiny target of train-draft --tiny (for smoke runs; needs "

@@ -26,8 +26,9 @@ drafts anyway (a *probe*) and judges that step with the raw confidences. The
 gap between probes doubles after each probe that finds drafting still not
 worth it, until a probe's extra cost spread over the gap is within
 ``probe_budget`` of the draft-off time (or the gap reaches
-``max_probe_interval``), and resets as soon as drafting pays again; see
-docs/plugins.md.
+``max_probe_interval``), and resets as soon as drafting pays again. Under the
+realized rule the gap does not grow while drafting measured within a standard
+error of paying; see docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 FIRST_PROBE_INTERVAL = 4
 DEFAULT_MAX_PROBE_INTERVAL = 256
 DEFAULT_PROBE_BUDGET = 0.01
+DEFAULT_DRAFT_OFF_RULE = "realized"
 
 
 @define
@@ -118,7 +120,7 @@ class AdaptivePolicy:
     probe_budget: float = DEFAULT_PROBE_BUDGET
     # what decides draft-off: "confidence" (the best drafting tier on the freshest confidences) or
     # "realized" (the decayed mean of what drafted steps really bought, once one was measured)
-    draft_off_rule: str = "realized"
+    draft_off_rule: str = DEFAULT_DRAFT_OFF_RULE
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -230,7 +232,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     budget = options.get("probe_budget", DEFAULT_PROBE_BUDGET)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ConfigError(f"budget policy 'adaptive': probe_budget must be a number in [0, 1], got {budget!r}")
-    rule = options.get("draft_off_rule", "realized")
+    rule = options.get("draft_off_rule", DEFAULT_DRAFT_OFF_RULE)
     if rule not in ("confidence", "realized"):
         raise ConfigError(f"budget policy 'adaptive': draft_off_rule must be \"confidence\" or \"realized\", got {rule!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag, draft_off_rule=rule,
