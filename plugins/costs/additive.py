@@ -5,6 +5,13 @@ target graph rows. The split between bias, alpha and theta is not unique, so
 the fit pins ``alpha(smallest bucket) = 0`` and ``theta(smallest G) = 0``; the
 remaining unknowns are then determined exactly when the bipartite graph of
 probed (bucket, rows) points is connected through shared row counts.
+
+The fit is also *monotone*: ``theta`` never falls as rows grow and ``alpha``
+never falls as buckets grow. A step with more rows or more requests does more
+work, so a dip is measurement noise, and an unconstrained fit hands that noise
+straight to the budget policy, which then picks exactly the tier the noise made
+look cheap (seen on the CPU: a bucket-4 tier priced 28 % under its wall time
+because its theta came from a chain of other buckets' differences).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from attrs import field, frozen
+from scipy.optimize import lsq_linear
 
 from dspark_core.components import Component
 from dspark_core.convert import float_tuple, int_tuple, structure_checked
@@ -143,7 +151,12 @@ def _check_connected(points: Sequence[tuple[int, int]]) -> None:
 
 
 def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit:
-    """Least-squares fit of one interval's samples (each point weighted by its windows)."""
+    """Monotone least-squares fit of one interval's samples (each point weighted by its windows).
+
+    The unknowns are the bias and the non-negative *steps* between neighbouring
+    buckets' alphas and neighbouring rows' thetas, so the solution is
+    non-decreasing in both by construction (a bounded linear least squares).
+    """
     off = draft_off_seconds(samples)
     measured = pool_samples(drafting_samples(samples))
     points = [(m.request_bucket, m.target_rows) for m in measured]
@@ -151,7 +164,9 @@ def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit
     _check_connected(points)
     buckets = sorted({b for b, _ in points})
     rows = sorted({g for _, g in points})
-    # Columns: bias, alpha for every bucket but the first, theta for every row but the first.
+    # Columns: bias, then the steps alpha[i] - alpha[i-1] for every bucket but the first and
+    # theta[j] - theta[j-1] for every row but the first. A point at bucket i, rows j sums
+    # the first i alpha steps and the first j theta steps.
     ncols = 1 + (len(buckets) - 1) + (len(rows) - 1)
     a = np.zeros((len(measured), ncols))
     y = np.empty(len(measured))
@@ -159,19 +174,20 @@ def fit_additive(samples: Sequence[CostSample], draft_width: int) -> AdditiveFit
     for i, m in enumerate(measured):
         a[i, 0] = 1.0
         bi, gi = buckets.index(m.request_bucket), rows.index(m.target_rows)
-        if bi:
-            a[i, bi] = 1.0
-        if gi:
-            a[i, len(buckets) - 1 + gi] = 1.0
+        a[i, 1 : 1 + bi] = 1.0
+        a[i, len(buckets) : len(buckets) + gi] = 1.0
         y[i] = m.step_seconds
         # relative weighting: the policy divides by these costs, so a 10 ms error matters far
         # more on a 100 ms step than on a 1 s one (this minimises relative, not absolute, error)
         w[i] = np.sqrt(m.windows) / m.step_seconds
-    solution, _, rank, _ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    weighted = a * w[:, None]
+    rank = np.linalg.matrix_rank(weighted)
     if rank < ncols:  # cannot happen on a connected grid; kept as a guard
         raise ConfigError(f"additive: the probe grid leaves {ncols - rank} parameter(s) undetermined")
-    alpha = (0.0, *(float(v) for v in solution[1 : len(buckets)]))
-    theta = (0.0, *(float(v) for v in solution[len(buckets) :]))
+    lower = np.r_[-np.inf, np.zeros(ncols - 1)]
+    solution = lsq_linear(weighted, y * w, bounds=(lower, np.inf), method="bvls").x
+    alpha = (0.0, *(float(v) for v in np.cumsum(solution[1 : len(buckets)])))
+    theta = (0.0, *(float(v) for v in np.cumsum(solution[len(buckets) :])))
     fit = AdditiveFit(draft_width, AdditiveParams(float(solution[0]), buckets, alpha, rows, theta,
                                                   sorted(off), [off[b] for b in sorted(off)]))
     _check_positive(fit)
