@@ -46,9 +46,15 @@ def test_built_in_defaults():
     drafting = [p for p in plan.points if not p.draft_off]
     assert len(drafting) == sum(b * 7 + 1 for b in (1, 2, 4, 8, 16))
     assert {(p.request_bucket, p.target_rows) for p in drafting} >= {(16, 128), (1, 8), (1, 1)}
-    # ... plus one draft-off point per bucket, at one row per request
+    # ... plus one draft-off point per bucket, at one row per request, probed just before and
+    # just after the bucket's drafting points (bracketing them in time)
     assert s.draft_off is True
-    assert [(p.request_bucket, p.target_rows) for p in plan.points if p.draft_off] == [(b, b) for b in (1, 2, 4, 8, 16)]
+    assert [(p.request_bucket, p.target_rows) for p in plan.points if p.draft_off] == \
+        [(b, b) for b in (1, 2, 4, 8, 16) for _ in range(2)]
+    for b in (1, 2, 4, 8, 16):
+        of_bucket = [p for p in plan.points if p.request_bucket == b]
+        assert of_bucket[0].draft_off and of_bucket[-1].draft_off
+        assert not any(p.draft_off for p in of_bucket[1:-1])
 
 
 def test_draft_off_probing_can_be_turned_off_in_the_file(tmp_path):
@@ -111,7 +117,7 @@ def test_each_rule_is_enforced_with_its_message(tmp_path, data, match):
 def test_sps_accepts_a_grid_the_additive_model_refuses(tmp_path):
     plan = plan_from(tmp_path, {"model": "sps", "request_buckets": [1, 2],
                                 "target_graph_rows": {"1": [1, 8], "2": [2, 16]}})
-    assert len(plan.points) == 4 + 2  # plus a draft-off point per bucket
+    assert len(plan.points) == 4 + 2 * 2  # plus a draft-off point per bucket, probed twice
 
 
 @pytest.mark.parametrize("data,path", [
@@ -160,9 +166,9 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     engine, table, audits = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}",
                                               f"--adaptive_dspark_cost_table_output={out}"))
     work = engine.work_counters()
-    # 6 + 11 tiers, plus a draft-off point per bucket (probed on the already captured Bcap tier)
-    # warmup prepares 17 verify keys plus one proposal key per bucket
-    assert work["fits"] == 1 and work["profiling_runs"] == 19 and work["warmups"] == 17 + 2
+    # 6 + 11 tiers, plus a draft-off point per bucket probed twice (on the already captured Bcap
+    # tier); warmup prepares 17 verify keys plus one proposal key per bucket
+    assert work["fits"] == 1 and work["profiling_runs"] == 17 + 2 * 2 and work["warmups"] == 17 + 2
     assert engine.ready and engine.table is table and out.is_file()
     assert load_table(out) == table
     (audit,) = audits
@@ -244,10 +250,10 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
     geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
     plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
     drafting = (width + 1) * 3 + 4 + 4
-    assert len(plan.points) == drafting + 5 and plan.settings.draft_width == width
+    assert len(plan.points) == drafting + 2 * 5 and plan.settings.draft_width == width
     # every captured tier of buckets 1, 2 and 4 is measured, not priced through other buckets'
     # differences: those are the tiers between which the policy chooses on a CPU
     for bucket in (1, 2, 4):
         assert sorted(p.target_rows for p in plan.points if p.request_bucket == bucket and not p.draft_off) == \
             list(range(bucket, bucket * (width + 1) + 1, bucket))
-    assert sorted(p.request_bucket for p in plan.points if p.draft_off) == [1, 2, 4, 8, 16]
+    assert sorted({p.request_bucket for p in plan.points if p.draft_off}) == [1, 2, 4, 8, 16]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
-from dspark_core.costs.base import CostSample, pool_samples
+from dspark_core.costs.base import CostSample, draft_off_seconds, pool_samples
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.records import StepReport
 from dspark_core.engine.request import SamplingParams
@@ -49,6 +49,24 @@ def test_cost_models_fit_save_and_load_the_draft_off_cost(model):
     assert [(m.draft_off, m.step_seconds, m.windows) for m in pooled] == [(False, 0.2, 1), (True, 0.125, 2)]
     again = loads_table(dumps_table(table), default_lookup())
     assert again == table and again.fits[0].cost.predict_draft_off_seconds(2) == pytest.approx(0.013)
+
+
+def test_draft_off_costs_are_pooled_where_noise_makes_them_fall_with_the_bucket():
+    # Measured on the development CPU: bucket 1's draft-off windows ran slower than bucket 2's.
+    # Left alone, that prices drafting at bucket 1 as nearly free next to its own draft-off step.
+    windows = {1: (0.0561, 0.0561), 2: (0.0486, 0.0486), 4: (0.0506, 0.0506), 8: (0.0599,), 16: (0.0899,)}
+    samples = [CostSample(b, b, 0, 8 * seconds, 8, draft_off=True) for b, ws in windows.items() for seconds in ws]
+    off = draft_off_seconds(samples)
+    assert list(off) == [1, 2, 4, 8, 16]
+    assert list(off.values()) == sorted(off.values())
+    # 1, 2 and 4 pool into one step-weighted mean; 8 and 16 were in order and keep their own
+    assert off[1] == off[2] == off[4] == pytest.approx((0.0561 + 0.0486 + 0.0506) / 3)
+    assert (off[8], off[16]) == (pytest.approx(0.0599), pytest.approx(0.0899))
+    # in order already: each bucket keeps its pooled mean, weighted by steps
+    ordered = [CostSample(1, 1, 0, 0.4, 8, draft_off=True), CostSample(1, 1, 0, 0.4, 4, draft_off=True),
+               CostSample(2, 2, 0, 0.9, 12, draft_off=True), CostSample(2, 2, 0, 0.1, 4)]
+    assert draft_off_seconds(ordered) == {1: pytest.approx(0.8 / 12), 2: pytest.approx(0.075)}
+    assert draft_off_seconds([CostSample(1, 1, 0, 0.1, 4)]) == {}
 
 
 def test_a_table_without_draft_off_cost_stays_valid_and_never_turns_the_draft_off():
@@ -134,13 +152,32 @@ def test_realized_rule_drafts_on_what_drafting_bought_not_on_one_weak_block():
 @pytest.mark.parametrize("committed,gaps", [((1, 3), [5, 5, 5, 5]), ((1, 1), [9, 17, 17])],
                          ids=["noisy-near-even", "steadily-below"])
 def test_probes_stay_frequent_while_drafting_measured_near_even(committed, gaps):
-    policy = default_hooks().budget_policy("adaptive", {"max_probe_interval": 16})
+    # margin 0: the draft goes off as soon as the mean is below 1 (the default margin would keep
+    # drafting through the noisy case, see the next test), so the probe gaps can be watched
+    policy = default_hooks().budget_policy("adaptive", {"max_probe_interval": 16, "draft_off_margin": 0.0})
     for i in range(20):  # ratios 0.46 and 1.38 alternating: mean 0.9, within a standard error of 1
         policy.observe(drafted(committed[i % 2]))
     assert policy.learning.advantage[1] < 1.0
     plans = [policy.plan(context(), np.full((1, WIDTH), 0.05), np.array([WIDTH])) for _ in range(60)]
     probes = [i for i, p in enumerate(plans) if p.draft]
     assert np.diff(probes).tolist()[: len(gaps)] == gaps
+
+
+@pytest.mark.parametrize("margin,noisy_drafts,steady_drafts", [(0.0, False, False), (1.0, True, False)])
+def test_draft_off_margin_needs_the_loss_to_stand_out_from_the_noise(margin, noisy_drafts, steady_drafts):
+    # One request on a CPU: a step's ratio is 0.46 (no draft token accepted) or 1.38 (two), so a
+    # mean of 0.9 over a few steps is well within the noise of a draft that pays on average.
+    noisy = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin})
+    for i in range(20):
+        noisy.observe(drafted((1, 3)[i % 2]))
+    assert noisy.learning.advantage[1] + noisy.learning.advantage_error(1) > 1.0 > noisy.learning.advantage[1]
+    weak, caps = np.full((1, WIDTH), 0.05), np.array([WIDTH])
+    assert noisy.plan(context(), weak, caps).draft is noisy_drafts
+    # a draft that steadily buys one token per drafted step is switched off under any margin
+    steady = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin})
+    for _ in range(20):
+        steady.observe(drafted(1))
+    assert steady.plan(context(), weak, caps).draft is steady_drafts
 
 
 def test_observed_acceptance_scales_the_forecast():
@@ -169,6 +206,8 @@ def test_observed_acceptance_scales_the_forecast():
     ({"max_probe_interval": 0}, "max_probe_interval must be an integer >= 1"),
     ({"tier_lag": True}, "tier_lag must be 0, 1 or 2"),
     ({"draft_off_rule": "always"}, "draft_off_rule must be"),
+    ({"draft_off_margin": -1}, r"draft_off_margin must be a number in \[0, 10\], got -1"),
+    ({"draft_off_margin": "wide"}, "draft_off_margin must be a number"),
 ])
 def test_new_options_are_validated(options, match):
     with pytest.raises(ConfigError, match=match):

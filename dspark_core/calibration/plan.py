@@ -147,12 +147,17 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
             raise ConfigError(f"{where}: prefill {ctx.prefill_tokens} + worst-case sampling progress {progress} "
                               f"exceeds max_kv_length {ctx.max_kv_length}; shorten the prefill or the steps")
         for bucket in settings.request_buckets:
-            plan += [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points if b == bucket]
-            # a draft-off step runs the bucket's smallest tier, so it needs that tier captured. It is
-            # probed right after the bucket's drafting points: the policy compares exactly these
-            # costs, and measuring them close in time keeps slow drift of a shared machine out of it
+            drafting = [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points if b == bucket]
+            # A draft-off step runs the bucket's smallest tier, so it needs that tier captured. The
+            # policy compares exactly the bucket's draft-off cost with its drafting costs, so the
+            # draft-off point is probed twice, just before and just after the drafting points: the
+            # drafting costs are pooled over several points by the fit, the draft-off one is a
+            # single parameter, and bracketing gives it twice the windows and cancels slow drift
+            # of a shared machine between the two.
             if settings.draft_off and bucket in geometry.rows_for(bucket):
-                plan.append(ProbePoint(bucket, bucket, index, ctx.prefill_tokens, draft_off=True))
+                off = ProbePoint(bucket, bucket, index, ctx.prefill_tokens, draft_off=True)
+                drafting = [off, *drafting, off]
+            plan += drafting
     return tuple(plan)
 
 

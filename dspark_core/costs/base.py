@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from attrs import field, frozen
+from scipy.optimize import isotonic_regression
 
 from dspark_core.convert import int_tuple, structure_checked
 from dspark_core.errors import ConfigError
@@ -85,12 +86,27 @@ def drafting_samples(samples: Iterable[CostSample]) -> list[CostSample]:
 
 
 def draft_off_seconds(samples: Iterable[CostSample]) -> dict[int, float]:
-    """Mean full-step seconds of draft-off steps per bucket (total seconds / total steps).
+    """Full-step seconds of draft-off steps per bucket, non-decreasing in the bucket.
 
-    A draft-off step has one cost parameter of its own per bucket, so the
-    least-squares fit of that parameter is this pooled mean.
+    A draft-off step has one cost parameter of its own per bucket. Its
+    least-squares value is the pooled mean of the bucket's windows (total
+    seconds / total steps); where those means fall as the bucket grows, which
+    only noise can do, the falling neighbours are pooled (a weighted isotonic
+    regression, weights = steps). The policy compares these costs with the
+    drafting ones, so a noisy dip at one bucket would switch its draft off
+    or on for the wrong reason.
     """
-    return {m.request_bucket: m.step_seconds for m in pool_samples(s for s in samples if s.draft_off)}
+    seconds: dict[int, float] = defaultdict(float)
+    steps: dict[int, int] = defaultdict(int)
+    for s in samples:
+        if s.draft_off:
+            seconds[s.request_bucket] += s.seconds
+            steps[s.request_bucket] += s.steps
+    buckets = sorted(steps)
+    if not buckets:
+        return {}
+    fitted = isotonic_regression([seconds[b] / steps[b] for b in buckets], weights=[steps[b] for b in buckets]).x
+    return {b: float(value) for b, value in zip(buckets, fitted)}
 
 
 def check_draft_off_params(buckets: Sequence[int], seconds: Sequence[float], model: str) -> None:

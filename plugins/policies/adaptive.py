@@ -13,9 +13,10 @@ Two things keep adaptive from ever losing to target-only decoding:
 
 * **Draft-off steps.** When the table has a calibrated draft-off cost, the
   host plans each step: if one token per request at the draft-off cost beats
-  what drafted steps of this request bucket really bought lately (the
-  ``realized`` rule; ``confidence``: the best drafting tier on the freshest
-  confidences), the step runs no draft at all.
+  what drafted steps of this request bucket really bought lately, by more
+  than ``draft_off_margin`` standard errors (the ``realized`` rule;
+  ``confidence``: the best drafting tier on the freshest confidences), the
+  step runs no draft at all.
 * **Honest forecasts.** Confidences from a draft's head are often optimistic
   (and the tier is picked from older ones). The policy keeps running sums of
   the drafted tokens it expected and the ones the target accepted, decayed per
@@ -52,6 +53,7 @@ FIRST_PROBE_INTERVAL = 4
 DEFAULT_MAX_PROBE_INTERVAL = 256
 DEFAULT_PROBE_BUDGET = 0.01
 DEFAULT_DRAFT_OFF_RULE = "realized"
+DEFAULT_DRAFT_OFF_MARGIN = 1.0
 
 
 @define
@@ -121,6 +123,9 @@ class AdaptivePolicy:
     # what decides draft-off: "confidence" (the best drafting tier on the freshest confidences) or
     # "realized" (the decayed mean of what drafted steps really bought, once one was measured)
     draft_off_rule: str = DEFAULT_DRAFT_OFF_RULE
+    # realized rule: the draft goes off only while the measured mean stays below 1 by more than
+    # this many standard errors of it
+    draft_off_margin: float = DEFAULT_DRAFT_OFF_MARGIN
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +145,8 @@ class AdaptivePolicy:
             return StepPlan(draft=True, forecast_scale=scale)
         measured = self.learning.advantage.get(ctx.request_bucket)
         if self.draft_off_rule == "realized" and measured is not None:
-            worth_drafting = measured > 1.0
+            error = self.learning.advantage_error(ctx.request_bucket)
+            worth_drafting = measured + self.draft_off_margin * error > 1.0
         else:
             _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
             best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
@@ -222,7 +228,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     if name != "adaptive":
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
-                             "probe_budget", "draft_off_rule"})
+                             "probe_budget", "draft_off_rule", "draft_off_margin"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -235,7 +241,11 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     rule = options.get("draft_off_rule", DEFAULT_DRAFT_OFF_RULE)
     if rule not in ("confidence", "realized"):
         raise ConfigError(f"budget policy 'adaptive': draft_off_rule must be \"confidence\" or \"realized\", got {rule!r}")
+    margin = options.get("draft_off_margin", DEFAULT_DRAFT_OFF_MARGIN)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 10:
+        raise ConfigError(f"budget policy 'adaptive': draft_off_margin must be a number in [0, 10], got {margin!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag, draft_off_rule=rule,
+                          draft_off_margin=float(margin),
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
                           max_probe_interval=interval, probe_budget=float(budget))
