@@ -59,7 +59,7 @@ def test_draft_off_costs_are_pooled_where_noise_makes_them_fall_with_the_bucket(
     off = draft_off_seconds(samples)
     assert list(off) == [1, 2, 4, 8, 16]
     assert list(off.values()) == sorted(off.values())
-    # 1, 2 and 4 pool into one step-weighted mean; 8 and 16 were in order and keep their own
+    # 1, 2 and 4 pool into one window-weighted mean; 8 and 16 were in order and keep their own
     assert off[1] == off[2] == off[4] == pytest.approx((0.0561 + 0.0486 + 0.0506) / 3)
     assert (off[8], off[16]) == (pytest.approx(0.0599), pytest.approx(0.0899))
     # in order already: each bucket keeps its pooled mean, weighted by steps

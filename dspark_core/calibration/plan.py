@@ -147,7 +147,7 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
             raise ConfigError(f"{where}: prefill {ctx.prefill_tokens} + worst-case sampling progress {progress} "
                               f"exceeds max_kv_length {ctx.max_kv_length}; shorten the prefill or the steps")
         for bucket in settings.request_buckets:
-            drafting = [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points if b == bucket]
+            bucket_points = [ProbePoint(b, g, index, ctx.prefill_tokens) for b, g in points if b == bucket]
             # A draft-off step runs the bucket's smallest tier, so it needs that tier captured. The
             # policy compares exactly the bucket's draft-off cost with its drafting costs, so the
             # draft-off point is probed twice, just before and just after the drafting points: the
@@ -156,8 +156,8 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
             # of a shared machine between the two.
             if settings.draft_off and bucket in geometry.rows_for(bucket):
                 off = ProbePoint(bucket, bucket, index, ctx.prefill_tokens, draft_off=True)
-                drafting = [off, *drafting, off]
-            plan += drafting
+                bucket_points = [off, *bucket_points, off]
+            plan += bucket_points
     return tuple(plan)
 
 

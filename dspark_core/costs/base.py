@@ -92,21 +92,15 @@ def draft_off_seconds(samples: Iterable[CostSample]) -> dict[int, float]:
     least-squares value is the pooled mean of the bucket's windows (total
     seconds / total steps); where those means fall as the bucket grows, which
     only noise can do, the falling neighbours are pooled (a weighted isotonic
-    regression, weights = steps). The policy compares these costs with the
+    regression, weighted by windows). The policy compares these costs with the
     drafting ones, so a noisy dip at one bucket would switch its draft off
     or on for the wrong reason.
     """
-    seconds: dict[int, float] = defaultdict(float)
-    steps: dict[int, int] = defaultdict(int)
-    for s in samples:
-        if s.draft_off:
-            seconds[s.request_bucket] += s.seconds
-            steps[s.request_bucket] += s.steps
-    buckets = sorted(steps)
-    if not buckets:
+    pooled = pool_samples(s for s in samples if s.draft_off)  # sorted by bucket
+    if not pooled:
         return {}
-    fitted = isotonic_regression([seconds[b] / steps[b] for b in buckets], weights=[steps[b] for b in buckets]).x
-    return {b: float(value) for b, value in zip(buckets, fitted)}
+    fitted = isotonic_regression([m.step_seconds for m in pooled], weights=[m.windows for m in pooled]).x
+    return {m.request_bucket: float(value) for m, value in zip(pooled, fitted)}
 
 
 def check_draft_off_params(buckets: Sequence[int], seconds: Sequence[float], model: str) -> None:

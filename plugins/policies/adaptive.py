@@ -100,6 +100,11 @@ class DraftLearning:
             moments[bucket] = value if previous is None else (
                 self.advantage_decay * previous + (1 - self.advantage_decay) * value)
 
+    def advantage_bound(self, bucket: int, errors: float) -> float | None:
+        """The bucket's measured mean plus ``errors`` standard errors of it (None: nothing measured)."""
+        mean = self.advantage.get(bucket)
+        return None if mean is None else mean + errors * self.advantage_error(bucket)
+
     def advantage_error(self, bucket: int) -> float:
         """Standard error of the bucket's decayed mean (its ratio's spread over the mean's ~9 samples)."""
         mean, square = self.advantage.get(bucket, 0.0), self.advantage_square.get(bucket, 0.0)
@@ -143,10 +148,9 @@ class AdaptivePolicy:
         scale = self.learning.scale if self.forecast_correction else 1.0
         if not self.draft_off or ctx.draft_off_cost is None or ctx.tier_costs is None:
             return StepPlan(draft=True, forecast_scale=scale)
-        measured = self.learning.advantage.get(ctx.request_bucket)
+        measured = self.learning.advantage_bound(ctx.request_bucket, self.draft_off_margin)
         if self.draft_off_rule == "realized" and measured is not None:
-            error = self.learning.advantage_error(ctx.request_bucket)
-            worth_drafting = measured + self.draft_off_margin * error > 1.0
+            worth_drafting = measured > 1.0
         else:
             _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
             best_drafting = float(np.nanmax(rate)) if np.isfinite(rate).any() else float("nan")
@@ -168,9 +172,8 @@ class AdaptivePolicy:
         frequent, since each probe is then about as likely to pay as not (one request on a CPU: a
         step's ratio ranges 0.8-4, so a few failed steps say little). Clearly below (many requests
         average out): the interval grows as under the confidence rule."""
-        measured = self.learning.advantage.get(ctx.request_bucket)
-        return (self.draft_off_rule == "realized" and measured is not None
-                and measured + self.learning.advantage_error(ctx.request_bucket) >= 1.0)
+        bound = self.learning.advantage_bound(ctx.request_bucket, 1.0)
+        return self.draft_off_rule == "realized" and bound is not None and bound >= 1.0
 
     def _probe_share(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> float:
         """Extra seconds of a probe (the tier the raw confidences pick) over the draft-off seconds
