@@ -9,6 +9,6 @@ COMMANDS: tuple[str, ...] = (
     "plugins",
     "table",
     "generate", "fetch_model",
-    "train_draft", "calibrate_confidence", "eval_draft",
+    "train_draft", "calibrate_confidence", "eval_draft", "shrink_draft",
     "bench",
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 from dspark_core.train.runtime import add_device_arguments
 
 NAME = "train-draft"
+DEFAULT_DRAFT_VOCAB = 24576  # a fresh draft's vocabulary (the shipped draft was trained with it)
 HELP = "Train a DSpark draft on target-labelled ShareGPT answers (on-policy or prefill-only; cached features, resumable)."
 
 
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--gen_batch", type=int, default=16, help="Concurrent requests while generating. Default: 16.")
     a("--layers", type=int, default=1, help="Draft decoder layers. Default: 1.")
     a("--block_size", type=int, default=7, help="Block size (= proposals K, sample_from_anchor). Default: 7.")
-    a("--draft_vocab", type=int, default=24576, help="Draft vocabulary size (most frequent on-policy tokens). Default: 24576.")
+    a("--draft_vocab", type=int, default=None, help="Draft vocabulary size (most frequent on-policy tokens). Default: 24576, "
+                                                    "or with --init_draft the starting draft's own (the shipped one has 4096).")
     a("--markov_rank", type=int, default=64, help="Markov head rank (0 = none). Default: 64.")
     a("--markov_type", choices=("vanilla", "gated", "rnn"), default="vanilla", help="Markov head variant. Default: vanilla.")
     a("--aux_layers", type=_layers, default=None, help="Target hidden-state ids for KV injection, e.g. 2,15,28. Default: low/middle/high.")
@@ -107,8 +109,22 @@ def options_from_args(args: argparse.Namespace):
         return PipelineOptions(heldout=min(args.heldout, 6), prompts=min(args.prompts, 24), max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
     return PipelineOptions(target=args.target, prompts=args.prompts, max_tokens=args.max_tokens, gen_batch=args.gen_batch,
-                           layers=args.layers, block_size=args.block_size, draft_vocab=args.draft_vocab,
+                           layers=args.layers, block_size=args.block_size, draft_vocab=_draft_vocab(args),
                            markov_rank=args.markov_rank, aux_layers=args.aux_layers, heldout=args.heldout, **common)
+
+
+def _draft_vocab(args: argparse.Namespace) -> int:
+    """--draft_vocab, else the starting draft's vocabulary when fine-tuning, else the fresh default."""
+    if args.draft_vocab is not None:
+        return args.draft_vocab
+    if not args.init_draft:
+        return DEFAULT_DRAFT_VOCAB
+    from dspark_core.models.drafts import resolve_draft_path
+    from dspark_core.models.hf_loader import read_json
+    from dspark_core.models.speculators_io import config_from_speculators
+
+    path = resolve_draft_path(args.init_draft, args.target)
+    return config_from_speculators(read_json(path / "config.json"), path).draft_vocab_size
 
 
 def run(args: argparse.Namespace) -> int:
