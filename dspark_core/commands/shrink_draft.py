@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def shrink(draft_dir: Path, feature_dirs: list[Path], size: int, output: Path) -> dict:
     """Score, shrink and save; report the vocabulary sizes and the share of the training token score kept."""
-    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.models.speculators_io import load_draft, read_verifier
     from dspark_core.train.pipeline import save_half
     from dspark_core.train.vocab import check_size, keep_most_frequent, shard_token_scores, shrink_vocabulary
 
@@ -36,9 +36,7 @@ def shrink(draft_dir: Path, feature_dirs: list[Path], size: int, output: Path) -
     scores, shards = shard_token_scores(feature_dirs, draft.config.target_vocab_size)
     keep = keep_most_frequent(draft, scores, size)
     small = shrink_vocabulary(draft, keep)
-    config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
-    verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    save_half(small, output, verifier=verifier)
+    save_half(small, output, verifier=read_verifier(draft_dir))
     before = scores[draft.draft_to_target().cpu()].sum()
     return {"draft": str(draft_dir), "output": str(output), "shards": shards,
             "draft_vocab_before": draft.config.draft_vocab_size, "draft_vocab_after": int(keep.numel()),

@@ -120,11 +120,9 @@ def _draft_vocab(args: argparse.Namespace) -> int:
     if not args.init_draft:
         return DEFAULT_DRAFT_VOCAB
     from dspark_core.models.drafts import resolve_draft_path
-    from dspark_core.models.hf_loader import read_json
-    from dspark_core.models.speculators_io import config_from_speculators
+    from dspark_core.models.speculators_io import read_draft_config
 
-    path = resolve_draft_path(args.init_draft, args.target)
-    return config_from_speculators(read_json(path / "config.json"), path).draft_vocab_size
+    return read_draft_config(resolve_draft_path(args.init_draft, args.target)).draft_vocab_size
 
 
 def run(args: argparse.Namespace) -> int:

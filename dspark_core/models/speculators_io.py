@@ -142,13 +142,25 @@ def _load_weights(draft: DSparkDraft, tensors: dict[str, torch.Tensor], director
     draft.load_state_dict({k: tensors[k].to(ref.dtype) for k, ref in expected.items()})
 
 
-def load_draft(directory: str | os.PathLike, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DSparkDraft:
-    """Read a speculators-format DSpark checkpoint directory (call ``bind_target`` next)."""
+def read_draft_config(directory: str | os.PathLike) -> DraftConfig:
+    """The :class:`DraftConfig` of a checkpoint directory, without reading its weights."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelError(f"{directory}: draft checkpoint directory not found")
     cfg_path = directory / "config.json"
-    config = config_from_speculators(read_json(cfg_path), cfg_path)
+    return config_from_speculators(read_json(cfg_path), cfg_path)
+
+
+def read_verifier(directory: str | os.PathLike) -> str | None:
+    """The verifier (target) a checkpoint names in ``speculators_config.verifier``, if any."""
+    cfg = read_json(Path(directory) / "config.json")
+    return ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+
+
+def load_draft(directory: str | os.PathLike, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DSparkDraft:
+    """Read a speculators-format DSpark checkpoint directory (call ``bind_target`` next)."""
+    directory = Path(directory)
+    config = read_draft_config(directory)
     tensors = read_safetensors_dir(directory)
     for key in ("d2t", "t2d"):  # keep integer/bool mappings exact
         if key in tensors:

@@ -34,9 +34,8 @@ def shard_token_scores(shard_dirs: Iterable[Path], vocab_size: int) -> tuple[tor
         if not paths:
             raise ConfigError(f"--features: {directory} holds no feature shards (part-*.pt)")
         for path in paths:
-            stored = torch.load(path, weights_only=True)["features"]  # see pipeline._shards
-            fields = {f.name: stored[f.name] for f in attrs.fields(FeatureSet)}
-            scores += token_counts(FeatureSet(**fields), vocab_size)
+            shard = torch.load(path, weights_only=True)  # written by pipeline._shards
+            scores += token_counts(FeatureSet(**shard["features"]), vocab_size)
             shards += 1
     return scores, shards
 
@@ -80,7 +79,7 @@ def shrink_vocabulary(draft: DSparkDraft, keep: torch.Tensor) -> DSparkDraft:
     small = DSparkDraft(config).to(draft.fc.weight.dtype)
     state = draft.state_dict()
     for name in ("markov_head.markov_w2.weight", "lm_head"):
-        if name in state and state[name] is not None:
+        if name in state:
             state[name] = state[name][rows.to(state[name].device)]
     state.pop("d2t", None)
     state.pop("t2d", None)
