@@ -158,3 +158,35 @@ def test_slot_window_equals_gathered_keys_bit_for_bit(data):
     width = max(slots) - min(slots) + 1
     assert layouts[1].first_slot == (min(slots) if width <= 2 * n else None)  # the decode forward's layout
     assert layouts[3].first_slot is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_grouped_attention_equals_per_head_softmax(data):
+    """attend() folds the query heads sharing a key head into its rows: every row of every head
+    must still get softmax(q k^T / sqrt(d)) v over its own request's keys up to its position,
+    with query head h reading key head h // (H / KV)."""
+    from dspark_core.models.layers import RowLayout, attend, grouped_mask
+
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
+    kv_heads = data.draw(st.sampled_from([1, 2, 3]), label="kv heads")
+    heads = kv_heads * data.draw(st.sampled_from([1, 2, 3]), label="group")
+    counts = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="rows per request")
+    lengths = [data.draw(st.integers(0, 6), label=f"context{b}") for b in range(len(counts))]
+    head_dim, requests = 4, len(counts)
+    positions = torch.tensor([lengths[b] + j for b, c in enumerate(counts) for j in range(c)])
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    layout = RowLayout.build(positions, torch.arange(requests), offsets)
+    keys = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
+    values = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
+    q = torch.randn(int(offsets[-1]), heads, head_dim, generator=generator)
+    out = attend(q, keys, values, layout, grouped_mask(layout.causal_mask(), heads // kv_heads, q.dtype))
+    row = 0
+    for b, count in enumerate(counts):
+        for j in range(count):
+            seen = lengths[b] + j + 1
+            for h in range(heads):
+                k, v = keys[b, h // (heads // kv_heads), :seen], values[b, h // (heads // kv_heads), :seen]
+                expected = torch.softmax(k @ q[row, h] / head_dim**0.5, dim=0) @ v
+                torch.testing.assert_close(out[row, h * head_dim : (h + 1) * head_dim], expected)
+            row += 1

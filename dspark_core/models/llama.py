@@ -17,7 +17,7 @@ from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import RowLayout, apply_rope, attend, linear, rms_norm, rope_cos_sin, swiglu
+from dspark_core.models.layers import RowLayout, apply_rope, attend, grouped_mask, linear, rms_norm, rope_cos_sin, swiglu
 
 
 def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -132,7 +132,8 @@ class LlamaTarget(nn.Module):
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot)
             cache.check_fits(layout.kv_len - 1)
-        mask = layout.causal_mask()
+        heads = self.head_config
+        mask = grouped_mask(layout.causal_mask(), heads.num_heads // heads.num_kv_heads, self.dtype)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
         x = self.embed[batch.tokens]
         saved = {0: x} if 0 in hidden_layers else {}
