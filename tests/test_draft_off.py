@@ -8,11 +8,12 @@ import torch
 
 from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
 from dspark_core.costs.base import CostSample, draft_off_seconds, pool_samples
+from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.records import StepReport
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, TableError
-from dspark_core.geometry import legal_tiers
+from dspark_core.geometry import Geometry, legal_tiers
 from dspark_core.plugins import default_hooks
 from dspark_core.policy import TierContext
 from dspark_core.table import default_lookup, fit_table, loads_table, dumps_table
@@ -105,6 +106,29 @@ def test_plan_turns_the_draft_off_only_when_one_token_at_the_draft_off_cost_beat
     assert policy.plan(context(off_cost=0.021), np.full((1, WIDTH), 0.05), caps).draft
     # other engines' rule keeps drafting whatever it costs
     assert default_hooks().budget_policy("min-gain", {}).plan(context(), np.full((1, WIDTH), 0.05), caps).draft
+
+
+def test_no_drafted_tier_is_priced_below_the_draft_off_step():
+    """A fit whose drafted curve starts below the draft-off price would make a proposal look free:
+    adaptive would draft on every step of a weak draft and verify nothing drafted."""
+    table = table_with_draft_off(off_seconds=0.030)  # drafting fitted at 21-54 ms, draft-off at 30.5-32 ms
+    geometry = Geometry.all_tiers(WIDTH, (1, 2, 4))
+    costs = TierCosts(geometry)
+    costs.install(table)
+    for bucket in (1, 2, 4):
+        off, fitted = costs.draft_off_for_step(bucket, 100), table.fits[0].cost
+        tiers = costs.for_step(bucket, 100)
+        assert tiers[0] == pytest.approx(off)  # the zero-drafted-row tier costs what draft-off costs
+        raw = np.array([fitted.predict_seconds(bucket, g) for g in geometry.rows_for(bucket)])
+        np.testing.assert_allclose(np.diff(tiers), np.diff(raw))  # each extra row as fitted
+    weak, caps = np.full((1, WIDTH), 0.01), np.array([WIDTH])
+    ctx = TierContext(1, 1, WIDTH, geometry.rows_for(1), costs.for_step(1, 100), costs.draft_off_for_step(1, 100))
+    assert not default_hooks().budget_policy("adaptive", {}).plan(ctx, weak, caps).draft
+    # a draft-off step priced above every drafted tier leaves the curve alone
+    cheap_off = TierCosts(geometry)
+    cheap_off.install(table_with_draft_off(off_seconds=0.012))
+    np.testing.assert_allclose(cheap_off.for_step(2, 100), [table.fits[0].cost.predict_seconds(2, g)
+                                                            for g in geometry.rows_for(2)])
 
 
 def test_probing_backs_off_while_drafting_does_not_pay_and_resets_when_it_does():

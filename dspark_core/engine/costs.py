@@ -31,6 +31,15 @@ class TierCosts:
         if key not in self._cache:
             costs = [fit.cost.predict_seconds(bucket, rows) for rows in self.geometry.rows_for(bucket)]
             values = np.array([np.nan if c is None else c for c in costs], dtype=np.float64)
+            off = self.draft_off_for_step(bucket, kv_length)
+            if off is not None and np.isfinite(values).any():
+                # A drafted step runs at least the draft-off step's rows plus a proposal, so it never
+                # costs less. A fit can still price the cheapest drafted tier below draft-off (the
+                # two are a few percent apart and fitted from different points): a policy then sees
+                # a proposal as free and drafts on every step only to verify nothing drafted
+                # (SmolLM2 at 16 requests on a CPU: 17 ms, 15 % of each step, for nothing). Such a
+                # drafted curve is lifted to start at the draft-off price, its steps kept as fitted.
+                values = values + max(0.0, off - float(np.nanmin(values)))
             self._cache[key] = None if np.isnan(values).all() else values
         return self._cache[key]
 
