@@ -36,9 +36,9 @@ class TierCosts:
                 # A drafted step runs at least the draft-off step's rows plus a proposal, so it never
                 # costs less. A fit can still price the cheapest drafted tier below draft-off (the
                 # two are a few percent apart and fitted from different points): a policy then sees
-                # a proposal as free and drafts on every step only to verify nothing drafted
-                # (SmolLM2 at 16 requests on a CPU: 17 ms, 15 % of each step, for nothing). Such a
-                # drafted curve is lifted to start at the draft-off price, its steps kept as fitted.
+                # a proposal as free and may draft on every step only to verify nothing drafted
+                # (benchmarks/results/tier-floor). Such a drafted curve is lifted to start at the
+                # draft-off price, its steps between tiers kept as fitted.
                 values = values + max(0.0, off - float(np.nanmin(values)))
             self._cache[key] = None if np.isnan(values).all() else values
         return self._cache[key]

@@ -192,8 +192,8 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     head are folded into its query rows, so attention runs as ``KV`` heads of ``(H / KV) * R``
     rows each: the same sums as SDPA's ``enable_gqa``, without copying keys per query head,
     and in a few large blocks instead of many blocks of ``R`` rows (a verify step has 1-8
-    rows per request). On a CPU that halves the attention time of a 4-request step at a few
-    hundred tokens of context.
+    rows per request). On the development CPU it cut SmolLM2's attention by a quarter at
+    4 requests of 2 rows and 300 tokens of context (0.55 -> 0.41 ms per layer).
     """
     q = layout.pad(q_rows)  # [B, R, H, hd]
     requests, rows, heads, head_dim = q.shape
