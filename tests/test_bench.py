@@ -13,6 +13,7 @@ from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
 from dspark_core.engine.request import SamplingParams
 from dspark_core.models.reference import greedy_generate
+from dspark_core.table import load_table
 from checkpoint_support import write_tiny_pair
 from engine_support import tiny_pair
 
@@ -65,6 +66,9 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert table.count("| adaptive |") == 2 and "pred/real" in table and "vs best min/med/max" in table
     assert (out / "throughput_tpot.png").stat().st_size > 1000
+    # the calibrated table the run priced its steps with is kept next to the results
+    saved = load_table(out / "cost-table.json")
+    assert saved.draft_width == 5 and saved.fits[0].coverage.draft_off_buckets == (1, 2, 4)
 
 
 def test_a_cell_leaves_nothing_in_flight_for_the_next_one():

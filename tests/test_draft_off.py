@@ -111,7 +111,7 @@ def test_plan_turns_the_draft_off_only_when_one_token_at_the_draft_off_cost_beat
 def test_no_drafted_tier_is_priced_below_the_draft_off_step():
     """A fit whose drafted curve starts below the draft-off price would make a proposal look free:
     adaptive would draft on every step of a weak draft and verify nothing drafted."""
-    table = table_with_draft_off(off_seconds=0.030)  # drafting fitted at 21-54 ms, draft-off at 30.5-32 ms
+    table = table_with_draft_off(off_seconds=0.030)  # drafting fitted at 21-44 ms, draft-off at 30.5-32 ms
     geometry = Geometry.all_tiers(WIDTH, (1, 2, 4))
     costs = TierCosts(geometry)
     costs.install(table)

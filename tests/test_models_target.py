@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
+from dspark_core.models.layers import RowLayout, attend, grouped_mask
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -166,8 +167,6 @@ def test_grouped_attention_equals_per_head_softmax(data):
     """attend() folds the query heads sharing a key head into its rows: every row of every head
     must still get softmax(q k^T / sqrt(d)) v over its own request's keys up to its position,
     with query head h reading key head h // (H / KV)."""
-    from dspark_core.models.layers import RowLayout, attend, grouped_mask
-
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     kv_heads = data.draw(st.sampled_from([1, 2, 3]), label="kv heads")
     heads = kv_heads * data.draw(st.sampled_from([1, 2, 3]), label="group")

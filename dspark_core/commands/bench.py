@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Compute dtype of the in-process engine, as for `serve`.")
     parser.add_argument("--draft_dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="Draft compute dtype of the in-process engine, as for `serve`.")
-    parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md and PNGs.")
+    parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
 
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(args.prompts)
     started = time.perf_counter()
     width = args.num_speculative_tokens
+    priced_by = None  # the cost table the in-process engine served with
     if args.url:
         from dspark_core.bench.client import run_against_server
 
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                               warmup=engine.hooks.budget_policy("none", {}))
         bar.close()
         engine.close()
+        priced_by = engine.table
     rows = [summarize(c, f"fixed-k{width}") for c in cells]
     add_ratios(rows, width)
     result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
@@ -136,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
     table = markdown(rows)
     (out / "results.md").write_text(f"# dspark-core bench (K={width})\n\n{table}\nExactness: {result['exactness']}\n")
     plot(rows, out / "throughput_tpot.png", f"dspark-core bench, K={width}")
+    if priced_by is not None:
+        from dspark_core.table import dumps_table
+
+        # the prices every adaptive decision of this run read: `dspark-core table show` it, or serve
+        # with it (--adaptive_dspark_cost_table) to replay the run's pricing
+        (out / "cost-table.json").write_text(dumps_table(priced_by))
     if args.json:
         print(json.dumps(result, default=str))
     else:
