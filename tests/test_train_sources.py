@@ -15,7 +15,7 @@ from dspark_core.errors import ConfigError
 from dspark_core.models.base import make_forward_batch
 from dspark_core.train import data
 from dspark_core.train.features import FeatureSet
-from dspark_core.train.losses import make_batch
+from dspark_core.train.losses import dspark_loss, make_batch
 from dspark_core.train.pipeline import PipelineOptions, run_pipeline, tiny_answers, tiny_prompts, tiny_target
 from dspark_core.train.train import TrainSettings, copy_target_layers, init_draft, make_draft_config
 
@@ -131,6 +131,30 @@ def test_another_prompt_count_gets_its_own_heldout_shards(tmp_path):
     held = sorted(p.name for p in (tmp_path / "shards-pairs-on-policy").iterdir())
     assert held == ["heldout-4-of-20", "heldout-4-of-24"]
     assert json.loads((tmp_path / "train-summary.json").read_text())["train_sequences"] == 20
+
+
+def test_ce_weight_moves_the_loss_between_greedy_cross_entropy_and_l1():
+    tokens = torch.arange(10, 20)
+    top = torch.stack([torch.arange(11, 21), torch.arange(31, 41)], dim=1)  # greedy token, runner-up
+    feats = FeatureSet(tokens, torch.tensor([0, 10]), torch.tensor([2]), torch.zeros(10, 4, dtype=torch.float16),
+                       top, torch.tensor([[0.6, 0.4]] * 10, dtype=torch.float16))
+    batch = make_batch(feats, [0], [[3]], 4, torch.arange(64))
+    logits = torch.randn(1, 1, 4, 64, generator=torch.Generator().manual_seed(0))
+    ce = dspark_loss(logits, None, batch, ce_weight=1.0)[0]
+    l1 = dspark_loss(logits, None, batch, ce_weight=0.0)[0]
+    _, terms = dspark_loss(logits, None, batch)
+    assert torch.allclose(ce, terms["ce"]) and torch.allclose(l1, terms["l1"]) and not torch.allclose(ce, l1)
+    assert torch.allclose(dspark_loss(logits, None, batch, ce_weight=0.3)[0], 0.3 * ce + 0.7 * l1)
+    assert torch.allclose(dspark_loss(logits, None, batch)[0], 0.1 * ce + 0.9 * l1)  # the shipped draft's mix
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "half"])
+def test_ce_weight_flag_is_checked(value, capsys):
+    from dspark_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train-draft", "--tiny", f"--ce_weight={value}"])
+    assert f"--ce_weight must be a number in [0, 1], got '{value}'" in capsys.readouterr().err
 
 
 def test_answers_option_is_checked():

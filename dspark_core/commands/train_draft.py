@@ -17,6 +17,16 @@ def _layers(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
 
+def _ce_weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ce_weight must be a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"--ce_weight must be a number in [0, 1], got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
@@ -37,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--steps", type=int, default=1000, help="Optimizer steps. Default: 1000.")
     a("--seqs_per_step", type=int, default=8, help="Sequences per step. Default: 8.")
     a("--anchors_per_seq", type=int, default=24, help="Random anchors (blocks) per sequence. Default: 24.")
+    a("--ce_weight", type=_ce_weight, default=None,
+      help="Share of the cross-entropy on the target's greedy token in the distribution loss, in [0, 1]; the "
+           "rest is the L1 distance to the target's distribution. Default: 0.1 (the shipped draft's).")
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
     a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
@@ -81,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace):
     from dspark_core.train.pipeline import PipelineOptions, _answers
     from dspark_core.train.runtime import resolve_device
+    from dspark_core.train.losses import CE_WEIGHT
     from dspark_core.train.train import TrainSettings
 
     answers = _answers(args.answers)
@@ -91,7 +105,8 @@ def options_from_args(args: argparse.Namespace):
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                              lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes,
                              head_dtype=args.head_dtype, warmup=warmup, greedy_prefix_only=greedy, stop_at=args.stop_at,
-                             eval_every=args.eval_every, eval_anchors=args.eval_anchors)
+                             eval_every=args.eval_every, eval_anchors=args.eval_anchors,
+                             ce_weight=CE_WEIGHT if args.ce_weight is None else args.ce_weight)
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,

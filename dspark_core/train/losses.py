@@ -3,9 +3,14 @@
 Loss per proposed position ``j`` (0-based) of a block, weighted by
 ``exp(-j / 4)`` and averaged over valid positions::
 
-    0.1 * CE(draft logits, teacher greedy token)
-  + 0.9 * L1(draft distribution, teacher distribution)
+    w * CE(draft logits, teacher greedy token)
+  + (1 - w) * L1(draft distribution, teacher distribution)
   + 1.0 * BCE(confidence logit, 1 - L1 / 2)
+
+with ``w`` = 0.1 by default (``train-draft --ce_weight``). The L1 term makes
+the draft's distribution overlap the target's, which is what acceptance under
+sampling rewards; greedy verification only rewards agreeing on the argmax,
+which the CE term aims at directly.
 
 Approximation: the teacher distribution is its cached top-k (k = 16 by
 default), restricted to the draft vocabulary and renormalised to sum to 1.
@@ -24,7 +29,7 @@ from attrs import frozen
 
 from dspark_core.train.features import FeatureSet
 
-CE_WEIGHT, L1_WEIGHT, BCE_WEIGHT, DECAY = 0.1, 0.9, 1.0, 4.0
+CE_WEIGHT, BCE_WEIGHT, DECAY = 0.1, 1.0, 4.0
 
 
 @frozen
@@ -109,8 +114,9 @@ def position_weights(k_out: int) -> torch.Tensor:
     return torch.exp(-torch.arange(k_out, dtype=torch.float32) / DECAY)
 
 
-def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, batch: BlockBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Scalar loss and per-term values (see module docstring)."""
+def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, batch: BlockBatch,
+                ce_weight: float = CE_WEIGHT) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scalar loss and per-term values (see module docstring); ``ce_weight`` is ``w`` there."""
     inside = batch.teacher_ids >= 0
     p = batch.teacher_probs * inside
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-6)
@@ -124,7 +130,7 @@ def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, batch: B
     total_w = w.sum().clamp_min(1e-6)
     ce_term = (ce * w * ce_ok).sum() / (w * ce_ok).sum().clamp_min(1e-6)
     l1_term = (l1 * w).sum() / total_w
-    loss = CE_WEIGHT * ce_term + L1_WEIGHT * l1_term
+    loss = ce_weight * ce_term + (1.0 - ce_weight) * l1_term
     terms = {"ce": ce_term.detach(), "l1": l1_term.detach()}
     if conf_logits is not None:
         soft = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)

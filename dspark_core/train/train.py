@@ -25,6 +25,7 @@ from dspark_core.models.speculators_io import load_draft
 from dspark_core.train.blocks import train_blocks
 from dspark_core.train.features import FeatureSet, token_counts
 from dspark_core.train.losses import (
+    CE_WEIGHT,
     chain_stats,
     dspark_loss,
     make_batch,
@@ -51,6 +52,7 @@ class TrainSettings:
     greedy_prefix_only: bool = False  # see losses.make_batch: drop proposals whose true prefix left the greedy path
     eval_every: int = 0  # > 0: held-out τ every N steps (curve.jsonl); the best checkpoint is kept
     eval_anchors: int = 16  # anchors per held-out sequence (fixed, seeded) for that evaluation
+    ce_weight: float = CE_WEIGHT  # share of the greedy-token CE in the distribution loss (the rest is L1)
 
 
 def make_draft_config(target_config, *, num_layers: int = 1, block_size: int = 7, aux_layer_ids=None,
@@ -208,7 +210,7 @@ def heldout_stats(draft: DSparkDraft, feats: FeatureSet, settings: TrainSettings
         seqs = pool[i : i + seqs_per_call]
         batch = make_batch(feats, seqs, sample_anchors(feats, seqs, settings.eval_anchors, gen), k_out, to_draft).to(dev)
         out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens, head=head)
-        loss, _ = dspark_loss(out.logits, out.confidence_logits, batch)
+        loss, _ = dspark_loss(out.logits, out.confidence_logits, batch, settings.ce_weight)
         loss_sum, loss_n = loss_sum + float(loss) * len(seqs), loss_n + len(seqs)
         hit = (to_target[out.logits.argmax(-1)] == batch.teacher_top1) & batch.valid
         full = batch.valid.all(-1)
@@ -313,7 +315,7 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, settings)
             out = train_blocks(draft, batch.hidden, batch.anchors, batch.prev_tokens, head=head)
-            loss, terms = dspark_loss(out.logits, out.confidence_logits, batch)
+            loss, terms = dspark_loss(out.logits, out.confidence_logits, batch, settings.ce_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
