@@ -157,6 +157,17 @@ def test_ce_weight_flag_is_checked(value, capsys):
     assert f"--ce_weight must be a number in [0, 1], got '{value}'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("tiny", [False, True])
+def test_ce_weight_flag_reaches_the_trainer(tiny):
+    from dspark_core.cli import build_parser
+    from dspark_core.commands.train_draft import options_from_args
+
+    flags = ["train-draft", "--ce_weight=0.4"] + (["--tiny"] if tiny else [])
+    assert options_from_args(build_parser().parse_args(flags)).settings.ce_weight == 0.4
+    default = options_from_args(build_parser().parse_args(flags[:1] + flags[2:]))
+    assert default.settings.ce_weight == 0.1
+
+
 def test_answers_option_is_checked():
     with pytest.raises(ConfigError, match="--answers"):
         PipelineOptions(answers="sharegpt,bogus")

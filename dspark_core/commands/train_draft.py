@@ -93,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace):
     from dspark_core.train.pipeline import PipelineOptions, _answers
-    from dspark_core.train.runtime import resolve_device
     from dspark_core.train.losses import CE_WEIGHT
+    from dspark_core.train.runtime import resolve_device
     from dspark_core.train.train import TrainSettings
 
     answers = _answers(args.answers)
@@ -102,11 +102,11 @@ def options_from_args(args: argparse.Namespace):
     greedy = {"on": True, "off": False}.get(args.greedy_prefix_only, "sharegpt" in answers)
     on_device = {"on": True, "off": False}.get(args.features_on_device, device.type == "cuda")
     warmup = min(30, max(1, args.steps // 10))
+    ce_weight = CE_WEIGHT if args.ce_weight is None else args.ce_weight
     settings = TrainSettings(steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors_per_seq,
                              lr=args.lr, seed=args.seed, save_every=args.save_every, max_minutes=args.max_minutes,
                              head_dtype=args.head_dtype, warmup=warmup, greedy_prefix_only=greedy, stop_at=args.stop_at,
-                             eval_every=args.eval_every, eval_anchors=args.eval_anchors,
-                             ce_weight=CE_WEIGHT if args.ce_weight is None else args.ce_weight)
+                             eval_every=args.eval_every, eval_anchors=args.eval_anchors, ce_weight=ce_weight)
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
@@ -119,7 +119,7 @@ def options_from_args(args: argparse.Namespace):
         common["settings"] = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
                                            save_every=args.save_every, warmup=warmup, greedy_prefix_only=greedy,
                                            eval_every=args.eval_every, eval_anchors=args.eval_anchors,
-                                           max_minutes=args.max_minutes, stop_at=args.stop_at)
+                                           max_minutes=args.max_minutes, stop_at=args.stop_at, ce_weight=ce_weight)
         common["shard_size"] = min(args.shard_size, 8)
         return PipelineOptions(heldout=min(args.heldout, 6), prompts=min(args.prompts, 24), max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
