@@ -16,7 +16,7 @@ from dspark_core.models.base import make_forward_batch
 from dspark_core.train import data
 from dspark_core.train.features import FeatureSet
 from dspark_core.train.losses import dspark_loss, make_batch
-from dspark_core.train.pipeline import PipelineOptions, run_pipeline, tiny_answers, tiny_prompts, tiny_target
+from dspark_core.train.pipeline import PipelineOptions, run_pipeline, shard_dir, tiny_answers, tiny_prompts, tiny_target
 from dspark_core.train.train import TrainSettings, copy_target_layers, init_draft, make_draft_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,6 +166,28 @@ def test_ce_weight_flag_reaches_the_trainer(tiny):
     assert options_from_args(build_parser().parse_args(flags)).settings.ce_weight == 0.4
     default = options_from_args(build_parser().parse_args(flags[:1] + flags[2:]))
     assert default.settings.ce_weight == 0.1
+
+
+def test_skip_prompts_trains_on_the_later_prompts_only(tmp_path):
+    opts = options(tmp_path, steps=2, answers="sharegpt", skip_prompts=4)
+    _, target, _, _ = run_pipeline(opts, progress=False, log=quiet)
+    prompts, answers = tiny_prompts(target, opts), tiny_answers(target, opts, opts.prompts)
+    shards = shard_rows(tmp_path / "shards-sharegpt")
+    # 20 prompts, the first 4 left out, the last 4 held out: prompts 4..15 train
+    assert [p for s in shards for p in s["prompts"]] == prompts[4:16]
+    assert [a for s in shards for a in s["answers"]] == answers[4:16]
+    assert json.loads((tmp_path / "train-summary.json").read_text())["skip_prompts"] == 4
+    with pytest.raises(ConfigError, match=r"--skip_prompts must be at least 0 and below --prompts \(20\), got 20"):
+        options(tmp_path, skip_prompts=20)
+
+
+def test_skipping_prompts_gets_shards_of_its_own():
+    full = PipelineOptions(prompts=900, answers="sharegpt,on_policy")
+    later = attrs.evolve(full, skip_prompts=600)
+    for source in ("on_policy", "sharegpt", "pairs"):
+        assert shard_dir(full, (2, 15, 28), source) != shard_dir(later, (2, 15, 28), source)
+        assert "-from600-" in shard_dir(later, (2, 15, 28), source).name
+        assert "-from" not in shard_dir(full, (2, 15, 28), source).name  # earlier runs' layout kept
 
 
 def test_answers_option_is_checked():

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
     a("--output", default="draft-run", help="Run directory: checkpoint.pt, heldout.jsonl, draft/ (the result). Default: draft-run.")
     a("--prompts", type=int, default=900, help="ShareGPT prompts to answer with the target (train + held-out). Default: 900.")
+    a("--skip_prompts", type=int, default=0,
+      help="Leave out the first N of the --prompts prompts (those an earlier stage trained on): training and "
+           "held-out prompts are N .. --prompts-1, in shards of their own. Default: 0.")
     a("--heldout", type=int, default=64, help="Last N generations kept out of training (for calibrate-confidence). Default: 64.")
     a("--max_tokens", type=int, default=128, help="Answer length cap for the on-policy generations. Default: 128.")
     a("--gen_batch", type=int, default=16, help="Concurrent requests while generating. Default: 16.")
@@ -121,9 +124,11 @@ def options_from_args(args: argparse.Namespace):
                                            eval_every=args.eval_every, eval_anchors=args.eval_anchors,
                                            max_minutes=args.max_minutes, stop_at=args.stop_at, ce_weight=ce_weight)
         common["shard_size"] = min(args.shard_size, 8)
-        return PipelineOptions(heldout=min(args.heldout, 6), prompts=min(args.prompts, 24), max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
+        prompts = min(args.prompts, 24)
+        return PipelineOptions(heldout=min(args.heldout, 6), prompts=prompts, skip_prompts=min(args.skip_prompts, prompts // 3),
+                               max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
-    return PipelineOptions(target=args.target, prompts=args.prompts, max_tokens=args.max_tokens, gen_batch=args.gen_batch,
+    return PipelineOptions(target=args.target, prompts=args.prompts, skip_prompts=args.skip_prompts, max_tokens=args.max_tokens, gen_batch=args.gen_batch,
                            layers=args.layers, block_size=args.block_size, draft_vocab=_draft_vocab(args),
                            markov_rank=args.markov_rank, aux_layers=args.aux_layers, heldout=args.heldout, **common)
 

@@ -65,11 +65,19 @@ def _answers(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
+    if not 0 <= value < options.prompts:
+        raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
+
+
 @frozen
 class PipelineOptions:
     target: str = "smollm2"
     output: Path = field(default=Path("draft-run"), converter=Path)
     prompts: int = 900
+    # leave out the first N of the --prompts prompts (those an earlier stage trained on): a fine-tuning stage
+    # then answers only new prompts, and keeps its shards apart from the full list's
+    skip_prompts: int = field(default=0, validator=_skip_prompts)
     heldout: int = 64
     max_tokens: int = 128
     max_prompt_chars: int = 500
@@ -121,7 +129,8 @@ def tiny_answers(target, opts: PipelineOptions, count: int) -> list[list[int]]:
 
 def _suffix(opts: PipelineOptions, aux: tuple[int, ...]) -> str:
     dt = "" if opts.dtype == "float32" else f"-{opts.dtype}"
-    return f"-s{opts.settings.seed}-c{opts.max_prompt_chars}-t{opts.max_tokens}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
+    skip = f"-from{opts.skip_prompts}" if opts.skip_prompts else ""  # shards are numbered from the first prompt used
+    return f"-s{opts.settings.seed}-c{opts.max_prompt_chars}-t{opts.max_tokens}{skip}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
 
 
 def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_policy") -> Path:
@@ -206,10 +215,12 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
     """(prompt ids, answer ids) of ShareGPT pairs; answers of one token or none are dropped."""
     if opts.tiny:
         prompts = tiny_prompts(target, opts)
-        return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))
+        pairs = list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))
+        return pairs[opts.skip_prompts:]
     tok = target.tokenizer
     out = []
-    for prompt, answer in data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars):
+    records = data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
+    for prompt, answer in records[opts.skip_prompts:]:
         p, a = data.tokenize_pair(tok, prompt, answer, opts.max_tokens)
         if len(a) >= 2:
             out.append((p, a))
@@ -221,10 +232,10 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     STATS.clear()
     if "sharegpt" not in opts.answers:  # on-policy answers to data.sharegpt_prompts, the last `heldout` held out
         if opts.tiny:
-            ids = tiny_prompts(target, opts)
+            ids = tiny_prompts(target, opts)[opts.skip_prompts:]
         else:
             prompts = data.sharegpt_prompts(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
-            ids = [data.chat_ids(target.tokenizer, p) for p in prompts]
+            ids = [data.chat_ids(target.tokenizer, p) for p in prompts[opts.skip_prompts:]]
         where = shard_dir(opts, aux, "on_policy")
         log(f"{len(ids)} prompts ({sum(map(len, ids))} tokens); on-policy shards in {where}")
         prompts_, answers, parts = _on_policy(target, opts, aux, ids, where, log, "on-policy answers with features")
@@ -342,7 +353,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
         "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
         "init_from_target_layer": opts.init_from_target_layer, "init_draft": opts.init_draft,
-        "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
+        "skip_prompts": opts.skip_prompts, "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
         "best": info.get("best"), "baseline": baseline, "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
     }, indent=2) + "\n")
