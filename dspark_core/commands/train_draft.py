@@ -21,7 +21,7 @@ def _ce_weight(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--ce_weight must be a number in [0, 1], got {text!r}") from None
+        value = float("nan")  # fails the range check below, with the same message
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"--ce_weight must be a number in [0, 1], got {text!r}")
     return value

@@ -215,8 +215,7 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
     """(prompt ids, answer ids) of ShareGPT pairs; answers of one token or none are dropped."""
     if opts.tiny:
         prompts = tiny_prompts(target, opts)
-        pairs = list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))
-        return pairs[opts.skip_prompts:]
+        return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))[opts.skip_prompts:]
     tok = target.tokenizer
     out = []
     records = data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
