@@ -165,8 +165,8 @@ def test_realized_rule_drafts_on_what_drafting_bought_not_on_one_weak_block():
     confidence = default_hooks().budget_policy("adaptive", {"draft_off_rule": "confidence"})
     confidence.observe(drafted(3))
     assert not confidence.plan(context(), weak, caps).draft
-    for _ in range(12):
-        policy.observe(drafted(1))  # drafting stops paying: one token per 26 ms step
+    for _ in range(60):
+        policy.observe(drafted(1))  # drafting stops paying: one token per 26 ms step, steadily
     assert policy.learning.advantage[1] < 1.0
     assert not policy.plan(context(), strong, caps).draft  # however confident the block looks
     policy.observe(drafted(3, bucket=4))
@@ -178,7 +178,8 @@ def test_realized_rule_drafts_on_what_drafting_bought_not_on_one_weak_block():
 def test_probes_stay_frequent_while_drafting_measured_near_even(committed, gaps):
     # margin 0: the draft goes off as soon as the mean is below 1 (the default margin would keep
     # drafting through the noisy case, see the next test), so the probe gaps can be watched
-    policy = default_hooks().budget_policy("adaptive", {"max_probe_interval": 16, "draft_off_margin": 0.0})
+    policy = default_hooks().budget_policy("adaptive", {"max_probe_interval": 16, "draft_off_margin": 0.0,
+                                                        "realized_decay": 0.8})
     for i in range(20):  # ratios 0.46 and 1.38 alternating: mean 0.9, within a standard error of 1
         policy.observe(drafted(committed[i % 2]))
     assert policy.learning.advantage[1] < 1.0
@@ -191,17 +192,34 @@ def test_probes_stay_frequent_while_drafting_measured_near_even(committed, gaps)
 def test_draft_off_margin_needs_the_loss_to_stand_out_from_the_noise(margin, noisy_drafts, steady_drafts):
     # One request on a CPU: a step's ratio is 0.46 (no draft token accepted) or 1.38 (two), so a
     # mean of 0.9 over a few steps is well within the noise of a draft that pays on average.
-    noisy = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin})
+    # a short memory (0.8 per drafted step), where one standard error is wide
+    noisy = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin, "realized_decay": 0.8})
     for i in range(20):
         noisy.observe(drafted((1, 3)[i % 2]))
     assert noisy.learning.advantage[1] + noisy.learning.advantage_error(1) > 1.0 > noisy.learning.advantage[1]
     weak, caps = np.full((1, WIDTH), 0.05), np.array([WIDTH])
     assert noisy.plan(context(), weak, caps).draft is noisy_drafts
     # a draft that steadily buys one token per drafted step is switched off under any margin
-    steady = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin})
+    steady = default_hooks().budget_policy("adaptive", {"draft_off_margin": margin, "realized_decay": 0.8})
     for _ in range(20):
         steady.observe(drafted(1))
     assert steady.plan(context(), weak, caps).draft is steady_drafts
+
+
+def test_realized_decay_sets_how_long_the_rule_remembers():
+    # three paying steps, then steady one-token steps: a short memory turns the draft off sooner
+    def steps_until_off(decay: float) -> int:
+        policy = default_hooks().budget_policy("adaptive", {"realized_decay": decay})
+        for _ in range(3):
+            policy.observe(drafted(3))
+        for n in range(1, 100):
+            policy.observe(drafted(1))
+            if not policy.plan(context(), np.full((1, WIDTH), 0.05), np.array([WIDTH])).draft:
+                return n
+        return 100
+
+    assert default_hooks().budget_policy("adaptive", {}).learning.advantage_decay == 0.95
+    assert steps_until_off(0.5) < steps_until_off(0.8) < steps_until_off(0.95) < 100
 
 
 def test_observed_acceptance_scales_the_forecast():
@@ -232,6 +250,9 @@ def test_observed_acceptance_scales_the_forecast():
     ({"draft_off_rule": "always"}, "draft_off_rule must be"),
     ({"draft_off_margin": -1}, r"draft_off_margin must be a number in \[0, 10\], got -1"),
     ({"draft_off_margin": "wide"}, "draft_off_margin must be a number"),
+    ({"realized_decay": 1}, r"realized_decay must be a number in \(0, 1\), got 1"),
+    ({"realized_decay": 0}, r"realized_decay must be a number in \(0, 1\), got 0"),
+    ({"realized_decay": True}, "realized_decay must be a number"),
 ])
 def test_new_options_are_validated(options, match):
     with pytest.raises(ConfigError, match=match):
@@ -284,8 +305,11 @@ class SwitchingDraft(DraftDouble):
 def test_switching_draft_exact_and_drafting_follows_quality(models, prompts, references, overlap, batch):
     target, draft = models
     double = SwitchingDraft(draft, prompts, references)
+    # a short realized memory and no margin, so 24-token phases are long enough to react in; the
+    # defaults remember ~20 drafted steps and wait for a clear loss (benchmarks/results/policy-replay)
     engine = Engine(target, double, EngineConfig(draft_width=WIDTH, request_buckets=(1, 2, 4), max_model_len=160,
-                                                 schedule_overlap=overlap))
+                                                 schedule_overlap=overlap,
+                                                 policy_options={"realized_decay": 0.8, "draft_off_margin": 0.0}))
     double.engine = engine
     engine.install_table(table_with_draft_off())
     phases: list[tuple[bool, bool, int]] = []  # (good phase, drafted, committed) per step, one request tracked

@@ -53,7 +53,12 @@ FIRST_PROBE_INTERVAL = 4
 DEFAULT_MAX_PROBE_INTERVAL = 256
 DEFAULT_PROBE_BUDGET = 0.01
 DEFAULT_DRAFT_OFF_RULE = "realized"
-DEFAULT_DRAFT_OFF_MARGIN = 0.0
+# Both chosen by replaying the policy over recorded held-out traces under exact, noisy and biased
+# tables (benchmarks/policy_replay.py, benchmarks/results/policy-replay): the realized mean must be
+# steady enough that a table pricing draft-off a little too cheap does not switch off a draft that
+# pays. With 0.8 and no margin a 15 % too-cheap draft-off price cost 11 % at one request.
+DEFAULT_DRAFT_OFF_MARGIN = 1.0
+DEFAULT_REALIZED_DECAY = 0.95
 
 
 @define
@@ -70,9 +75,10 @@ class DraftLearning:
     # seconds) over the draft-off rate (requests / draft-off seconds): what drafting really bought
     advantage: dict[int, float] = field(factory=dict)
     advantage_square: dict[int, float] = field(factory=dict)  # the same decayed mean of the ratio squared
-    # about 9 drafted steps of memory: one step's ratio is noisy (0.8 to 4 on a CPU at concurrency 1),
-    # yet a draft that stops paying must be noticed within a few steps
-    advantage_decay: float = 0.8
+    # about 20 drafted steps of memory: one step's ratio is noisy (0.5 to 4 on a CPU at concurrency 1),
+    # so a shorter memory dips below 1 by chance; a draft that stops paying is still noticed within
+    # a few tens of drafted steps (option ``realized_decay``)
+    advantage_decay: float = DEFAULT_REALIZED_DECAY
 
     @property
     def scale(self) -> float:
@@ -106,7 +112,7 @@ class DraftLearning:
         return None if mean is None else mean + errors * self.advantage_error(bucket)
 
     def advantage_error(self, bucket: int) -> float:
-        """Standard error of the bucket's decayed mean (its ratio's spread over the mean's ~9 samples)."""
+        """Standard error of the bucket's decayed mean (its ratio's spread over the mean's effective samples)."""
         mean, square = self.advantage.get(bucket, 0.0), self.advantage_square.get(bucket, 0.0)
         return float(np.sqrt(max(square - mean * mean, 0.0) * (1 - self.advantage_decay) / (1 + self.advantage_decay)))
 
@@ -231,7 +237,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     if name != "adaptive":
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
-                             "probe_budget", "draft_off_rule", "draft_off_margin"})
+                             "probe_budget", "draft_off_rule", "draft_off_margin", "realized_decay"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -247,8 +253,11 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     margin = options.get("draft_off_margin", DEFAULT_DRAFT_OFF_MARGIN)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 10:
         raise ConfigError(f"budget policy 'adaptive': draft_off_margin must be a number in [0, 10], got {margin!r}")
+    decay = options.get("realized_decay", DEFAULT_REALIZED_DECAY)
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+        raise ConfigError(f"budget policy 'adaptive': realized_decay must be a number in (0, 1), got {decay!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag, draft_off_rule=rule,
-                          draft_off_margin=float(margin),
+                          draft_off_margin=float(margin), learning=DraftLearning(advantage_decay=float(decay)),
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
                           max_probe_interval=interval, probe_budget=float(budget))
