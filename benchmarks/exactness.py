@@ -67,7 +67,7 @@ def main() -> int:
     result = {"settings": vars(args), "reference_seconds": round(time.perf_counter() - started, 1), "policies": {}}
     print(f"reference: {len(prompts)} prompts in {result['reference_seconds']} s", file=sys.stderr)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    for name, policy in _policies(engine, names, width).items():
+    for name, policy in _policies(engine.hooks, names, width).items():
         cell = CellRecord(name, args.concurrency)
         started = time.perf_counter()
         run_cell(engine, policy, prompts, range(len(prompts)), args.concurrency, args.max_tokens, cell)

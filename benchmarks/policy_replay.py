@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from dspark_kernels import kernels_for
 
+from dspark_core.commands.bench import _policies
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import StepReport
 from dspark_core.geometry import Geometry
@@ -132,17 +133,16 @@ def refitted_table(path: str, sigma: float, seed: int):
     from dspark_core.table import fit_table
 
     table = load_table(path)
-    fit = table.fits[0].cost
-    measurements = json.loads(Path(path).read_text())["fits"][0].get("measurements")
-    if not measurements or table.settings is None:
+    fit = table.fits[0]
+    if not fit.measurements or table.settings is None:
         raise SystemExit(f"{path}: --belief refit needs a table that kept its measurements and settings")
     rng = np.random.default_rng(seed)
     steps = table.settings.window_steps
     samples = []
-    for m in measurements:
-        bucket, rows, off = m["request_bucket"], m["target_rows"], m["draft_off"]
-        seconds = fit.predict_draft_off_seconds(bucket) if off else fit.predict_seconds(bucket, rows)
-        for _ in range(m["windows"]):
+    for m in fit.measurements:
+        bucket, rows, off = m.request_bucket, m.target_rows, m.draft_off
+        seconds = fit.cost.predict_draft_off_seconds(bucket) if off else fit.cost.predict_seconds(bucket, rows)
+        for _ in range(m.windows):
             noisy = seconds * steps * float(np.exp(rng.normal(0.0, sigma)))
             samples.append(CostSample(bucket, rows, 0, noisy, steps, off))
     return fit_table(table.settings, samples, default_hooks().cost_model, table.fingerprint)
@@ -212,14 +212,9 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
 
 
 def make_policies(names: list[str], extra: dict, width: int) -> dict:
+    """The bench's policies by name (``fixed-kN``, ``fixed``, any registered policy) plus labelled extras."""
     hooks = default_hooks()
-    policies = {}
-    for name in names:
-        if name.startswith("fixed-k"):
-            if int(name[7:]) <= width:
-                policies[name] = hooks.budget_policy("fixed", {"k": int(name[7:])})
-        else:
-            policies[name] = hooks.budget_policy(name, {})
+    policies = _policies(hooks, names, width)
     for name, (policy, options) in extra.items():
         policies[name] = hooks.budget_policy(policy, options)
     return policies

@@ -244,9 +244,9 @@ def test_policy_list_accepts_single_fixed_widths():
     from dspark_core.plugins import default_hooks
 
     engine = SimpleNamespace(hooks=default_hooks())
-    chosen = _policies(engine, ["adaptive", "fixed-k1", "fixed-k3"], 5)
+    chosen = _policies(engine.hooks, ["adaptive", "fixed-k1", "fixed-k3"], 5)
     assert list(chosen) == ["adaptive", "fixed-k1", "fixed-k3"]
     assert (chosen["fixed-k1"].k, chosen["fixed-k3"].k) == (1, 3)
-    assert len(_policies(engine, ["fixed"], 5)) == 5
+    assert len(_policies(engine.hooks, ["fixed"], 5)) == 5
     with pytest.raises(SystemExit, match="fixed-k6 needs 1 <= k <= K=5"):
-        _policies(engine, ["fixed-k6"], 5)
+        _policies(engine.hooks, ["fixed-k6"], 5)

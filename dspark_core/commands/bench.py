@@ -71,20 +71,21 @@ def _engine(args: argparse.Namespace):
     return engine
 
 
-def _policies(engine, names: list[str], width: int) -> dict[str, object]:
+def _policies(hooks, names: list[str], width: int) -> dict[str, object]:
+    """Budget policies by bench name (``fixed`` expands to fixed-k1..kK; ``fixed-kN`` is one width)."""
     policies: dict[str, object] = {}
     for name in names:
         single = re.fullmatch(r"fixed-k(\d+)", name)
         if name == "fixed":
             for k in range(1, width + 1):
-                policies[f"fixed-k{k}"] = engine.hooks.budget_policy("fixed", {"k": k})
+                policies[f"fixed-k{k}"] = hooks.budget_policy("fixed", {"k": k})
         elif single:  # one fixed width, e.g. fixed-k1
             k = int(single.group(1))
             if not 1 <= k <= width:
                 raise SystemExit(f"--policies: {name} needs 1 <= k <= K={width}")
-            policies[name] = engine.hooks.budget_policy("fixed", {"k": k})
+            policies[name] = hooks.budget_policy("fixed", {"k": k})
         else:
-            policies[name] = engine.hooks.budget_policy(name, {})
+            policies[name] = hooks.budget_policy(name, {})
     return policies
 
 
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
         engine = _engine(args)
-        policies = _policies(engine, [n.strip() for n in args.policies.split(",") if n.strip()], width)
+        policies = _policies(engine.hooks, [n.strip() for n in args.policies.split(",") if n.strip()], width)
         total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,

@@ -95,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace):
+    import attrs
+
     from dspark_core.train.pipeline import PipelineOptions, _answers
     from dspark_core.train.losses import CE_WEIGHT
     from dspark_core.train.runtime import resolve_device
@@ -119,10 +121,9 @@ def options_from_args(args: argparse.Namespace):
               "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,
               "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
     if args.tiny:
-        common["settings"] = TrainSettings(steps=args.steps, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5, seed=args.seed,
-                                           save_every=args.save_every, warmup=warmup, greedy_prefix_only=greedy,
-                                           eval_every=args.eval_every, eval_anchors=args.eval_anchors,
-                                           max_minutes=args.max_minutes, stop_at=args.stop_at, ce_weight=ce_weight)
+        # the full settings scaled down (a copy of their fields once dropped --ce_weight in tiny mode)
+        common["settings"] = attrs.evolve(settings, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5,
+                                          head_dtype="float32")
         common["shard_size"] = min(args.shard_size, 8)
         prompts = min(args.prompts, 24)
         return PipelineOptions(heldout=min(args.heldout, 6), prompts=prompts, skip_prompts=min(args.skip_prompts, prompts // 3),
