@@ -402,3 +402,36 @@ def test_init_draft_fine_tunes_a_trained_draft(tmp_path):
         run_pipeline(attrs.evolve(again, output=tmp_path / "bad", block_size=3), progress=False, log=quiet)
     with pytest.raises(ConfigError, match="give one"):
         run_pipeline(attrs.evolve(again, output=tmp_path / "both", init_from_target_layer=-1), progress=False, log=quiet)
+
+
+def test_init_draft_grows_a_trained_draft_by_identity_layers(tmp_path):
+    first = tmp_path / "first"
+    run_pipeline(options(first, steps=6, answers="sharegpt"), progress=False, log=quiet)
+    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.train.train import grow_layers, heldout_stats, start_from_draft, target_to_draft_ids
+
+    trained = load_draft(first / "draft")
+    assert trained.config.num_layers == 1
+    grown = start_from_draft(first / "draft", attrs.evolve(trained.config, num_layers=2), seed=3)
+    assert grown.config.num_layers == 2 and grown.config.sts_temperatures is None
+    new = grown.layers[1]
+    assert torch.count_nonzero(new.self_attn.o_proj.weight) == 0 and torch.count_nonzero(new.mlp.down_proj.weight) == 0
+    assert torch.count_nonzero(new.self_attn.q_proj.weight) > 0 and torch.count_nonzero(new.mlp.gate_proj.weight) > 0
+    for name, value in trained.state_dict().items():  # everything the draft had is kept
+        assert torch.equal(grown.state_dict()[name], value), name
+    # the new layer adds nothing yet: teacher-forced held-out acceptance and loss are those of the draft
+    held = FeatureSet(**torch.load(first / "heldout-features.pt", weights_only=True))
+    target = tiny_target()
+    settings = TrainSettings(steps=1, seqs_per_step=4, anchors_per_seq=8)
+    before = heldout_stats(trained.bind_target(target), held, settings, target_to_draft_ids(trained))
+    after = heldout_stats(grown.bind_target(target), held, settings, target_to_draft_ids(grown))
+    assert after["tau"] == pytest.approx(before["tau"], abs=1e-6)
+    assert after["loss"] == pytest.approx(before["loss"], rel=1e-5)
+    # training the grown draft through the pipeline works and writes a 2-layer draft
+    run_pipeline(options(tmp_path / "two", steps=2, answers="sharegpt", layers=2, init_draft=str(first / "draft")),
+                 progress=False, log=quiet)
+    assert load_draft(tmp_path / "two" / "draft").config.num_layers == 2
+    with pytest.raises(ConfigError, match="cannot grow to 1"):
+        grow_layers(trained, 1, 0)
+    with pytest.raises(ConfigError, match="num_layers is 2, but --layers asks for 1"):
+        start_from_draft(tmp_path / "two" / "draft", trained.config)

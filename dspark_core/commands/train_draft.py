@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--heldout", type=int, default=64, help="Last N generations kept out of training (for calibrate-confidence). Default: 64.")
     a("--max_tokens", type=int, default=128, help="Answer length cap for the on-policy generations. Default: 128.")
     a("--gen_batch", type=int, default=16, help="Concurrent requests while generating. Default: 16.")
-    a("--layers", type=int, default=1, help="Draft decoder layers. Default: 1.")
+    a("--layers", type=int, default=1, help="Draft decoder layers. Default: 1. With an --init_draft of fewer "
+      "layers the draft is grown: its own layers first, then new ones that start out adding nothing.")
     a("--block_size", type=int, default=7, help="Block size (= proposals K, sample_from_anchor). Default: 7.")
     a("--draft_vocab", type=int, default=None, help="Draft vocabulary size (most frequent on-policy tokens). Default: 24576, "
                                                     "or with --init_draft the starting draft's own (the shipped one has 4096).")

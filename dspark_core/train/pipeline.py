@@ -34,7 +34,7 @@ from attrs import field, frozen
 
 from dspark_core.errors import ConfigError
 from dspark_core.models.drafts import resolve_draft_path
-from dspark_core.models.speculators_io import load_draft, save_draft
+from dspark_core.models.speculators_io import load_draft, read_draft_config, save_draft
 from dspark_core.train import data
 from dspark_core.train.features import (
     FeatureSet,
@@ -298,7 +298,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
     if opts.init_draft:  # checked before the features are made, which can take hours
         if opts.init_from_target_layer is not None:
             raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
-        start = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg)
+        start = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg, opts.settings.seed)
     t1 = time.perf_counter()
     train_feats, held, held_pairs = collect(target, opts, cfg.aux_layer_ids, log)
     t2 = time.perf_counter()
@@ -318,6 +318,9 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
     if start is not None:
         draft = start
         log(f"fine-tuning {opts.init_draft} (its weights and vocabulary; STS temperatures dropped)")
+        own_layers = read_draft_config(resolve_draft_path(opts.init_draft, opts.target)).num_layers
+        if own_layers < opts.layers:
+            log(f"grown from {own_layers} to {opts.layers} layers: the new ones add nothing until trained")
     else:
         draft = init_draft(cfg, train_feats, opts.settings.seed)
     if opts.init_from_target_layer is not None:

@@ -107,17 +107,50 @@ INIT_FIELDS = {"num_layers": "--layers", "block_size": "--block_size", "draft_vo
                "hidden_size": "--target", "target_vocab_size": "--target"}
 
 
-def start_from_draft(path, config: DraftConfig) -> DSparkDraft:
+def start_from_draft(path, config: DraftConfig, seed: int = 0) -> DSparkDraft:
     """A trained draft to fine-tune: its weights and vocabulary, in float32, with its STS temperatures
     dropped (they describe the old confidence head; ``calibrate-confidence`` fits new ones). Its
-    architecture must equal ``config`` (what the options ask for), or a ConfigError names the field."""
+    architecture must equal ``config`` (what the options ask for), or a ConfigError names the field,
+    except that ``config`` may ask for more layers: the draft is then grown (:func:`grow_layers`)."""
     draft = load_draft(path)
     for name, flag in INIT_FIELDS.items():
         have, want = getattr(draft.config, name), getattr(config, name)
+        if name == "num_layers" and have < want:
+            continue
         if have != want:
             raise ConfigError(f"--init_draft={path}: its {name} is {have!r}, but {flag} asks for {want!r}")
     draft.config = attrs.evolve(draft.config, sts_temperatures=None)
+    if draft.config.num_layers < config.num_layers:
+        draft = grow_layers(draft, config.num_layers, seed)
     return draft
+
+
+def grow_layers(draft: DSparkDraft, num_layers: int, seed: int) -> DSparkDraft:
+    """The same draft with ``num_layers`` decoder layers: its own layers first, then new ones whose
+    attention and MLP output projections are zero, so each new layer adds nothing to the residual
+    stream and the grown draft proposes exactly what ``draft`` did. Training then has the extra
+    capacity to use without first having to recover from a random layer (which costs a data-starved
+    draft more than the layer gives back)."""
+    old = draft.config.num_layers
+    if num_layers <= old:
+        raise ConfigError(f"grow_layers: the draft has {old} layers, cannot grow to {num_layers}")
+    grown = DSparkDraft(attrs.evolve(draft.config, num_layers=num_layers))
+    missing, unexpected = grown.load_state_dict(draft.state_dict(), strict=False)
+    fresh = {n for n, _ in grown.named_parameters() if n.startswith("layers.") and int(n.split(".")[1]) >= old}
+    if unexpected or not set(missing) <= fresh:
+        raise ConfigError(f"grow_layers: unexpected checkpoint layout (missing {missing}, unexpected {unexpected})")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in grown.named_parameters():
+            if name not in fresh:
+                continue
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias") or name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return grown.to(next(draft.parameters()).dtype)
 
 
 def copy_target_layers(draft: DSparkDraft, target, first: int) -> list[int]:
