@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from dspark_kernels import kernels_for
 
-from dspark_core.commands.bench import _policies
+from dspark_core.commands.bench import _policies, parse_variants
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import StepReport
 from dspark_core.geometry import Geometry
@@ -213,11 +213,7 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
 
 def make_policies(names: list[str], extra: dict, width: int) -> dict:
     """The bench's policies by name (``fixed-kN``, ``fixed``, any registered policy) plus labelled extras."""
-    hooks = default_hooks()
-    policies = _policies(hooks, names, width)
-    for name, (policy, options) in extra.items():
-        policies[name] = hooks.budget_policy(policy, options)
-    return policies
+    return _policies(default_hooks(), names, width, extra)
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -238,7 +234,7 @@ def replay_command(args: argparse.Namespace) -> int:
     names = [p for p in args.policies.split(",") if p]
     if "none" not in names:
         names.insert(0, "none")
-    extra = json.loads(args.extra)
+    extra = parse_variants(args.extra, "--extra")
     results = []
     for draft, (traces, temperatures) in load_traces(args.traces).items():
         for concurrency in (int(c) for c in args.concurrency.split(",")):

@@ -29,14 +29,15 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
                  f"--prompts={prompts}", "--concurrency=1,4", "--prompts_per_concurrency=1,4", "--max_tokens=6",
-                 "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json"])
+                 "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json",
+                 '--policy_variants={"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}'])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["exactness"]["identical"] and result["exactness"]["checked_prompts"] == 5
     rows = result["results"]
     policies = {r["policy"] for r in rows}
-    assert policies == {"adaptive", "none", "threshold", "argmax-notier", "stale-argmax", "min-gain"} | {
-        f"fixed-k{k}" for k in range(1, 6)}
+    assert policies == {"adaptive", "adaptive-m0", "none", "threshold", "argmax-notier", "stale-argmax",
+                        "min-gain"} | {f"fixed-k{k}" for k in range(1, 6)}
     for row in rows:
         # three real rounds: each ran every prompt of its concurrency, and every ratio has a spread
         assert row["rounds"] == 3 and row["requests"] == 3 * row["concurrency"]
@@ -250,3 +251,32 @@ def test_policy_list_accepts_single_fixed_widths():
     assert len(_policies(engine.hooks, ["fixed"], 5)) == 5
     with pytest.raises(SystemExit, match="fixed-k6 needs 1 <= k <= K=5"):
         _policies(engine.hooks, ["fixed-k6"], 5)
+
+
+def test_policy_variants_build_labelled_policies_and_name_what_is_wrong():
+    from dspark_core.commands.bench import _policies, parse_variants
+    from dspark_core.plugins import default_hooks
+
+    hooks = default_hooks()
+    variants = parse_variants('{"m0": ["adaptive", {"draft_off_margin": 0}], "k2": ["fixed", {"k": 2}]}')
+    chosen = _policies(hooks, ["adaptive"], 5, variants)
+    assert list(chosen) == ["adaptive", "m0", "k2"]
+    assert chosen["m0"].draft_off_margin == 0 and chosen["adaptive"].draft_off_margin == 1.0 and chosen["k2"].k == 2
+    for text, message in [("{bad", "not valid JSON"), ("[1]", "expected a JSON object"),
+                          ('{"m0": "adaptive"}', "'m0' must be"), ('{"m0": ["adaptive"]}', "'m0' must be")]:
+        with pytest.raises(SystemExit, match=message):
+            parse_variants(text)
+    with pytest.raises(SystemExit, match="'adaptive' is already a policy"):
+        _policies(hooks, ["adaptive"], 5, parse_variants('{"adaptive": ["adaptive", {}]}'))
+    with pytest.raises(SystemExit, match="'m1': .*draft_off_margin must be"):
+        _policies(hooks, [], 5, parse_variants('{"m1": ["adaptive", {"draft_off_margin": -1}]}'))
+    with pytest.raises(SystemExit, match="'x': .*no budget policy named 'nope'"):
+        _policies(hooks, [], 5, parse_variants('{"x": ["nope", {}]}'))
+
+
+def test_bench_refuses_bad_variants_before_loading_anything(tmp_path):
+    # no model at this path: the variants are checked first, so the error is about them
+    with pytest.raises(SystemExit, match="--policy_variants: 'x'"):
+        main(["bench", f"--model={tmp_path / 'missing.gguf'}", '--policy_variants={"x": ["nope", {}]}'])
+    with pytest.raises(SystemExit, match="needs the in-process engine"):
+        main(["bench", "--url=http://127.0.0.1:9", '--policy_variants={"m0": ["adaptive", {}]}'])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
+
+from dspark_core.errors import DSparkError
 
 NAME = "bench"
 HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
@@ -32,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_speculative_tokens", type=int, default=7, help="Draft width K.")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help="Comma-separated budget policies; `fixed` expands to fixed k=1..K, `fixed-kN` is one width.")
+    parser.add_argument("--policy_variants", default="{}",
+                        help='JSON object of extra, labelled policies with options, run beside --policies: '
+                             '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]} (in-process mode).')
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
     parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16], help="Concurrency sweep.")
     parser.add_argument("--prompts_per_concurrency", type=_ints, default=[2, 4, 16],
@@ -71,8 +76,26 @@ def _engine(args: argparse.Namespace):
     return engine
 
 
-def _policies(hooks, names: list[str], width: int) -> dict[str, object]:
-    """Budget policies by bench name (``fixed`` expands to fixed-k1..kK; ``fixed-kN`` is one width)."""
+def parse_variants(text: str, option: str = "--policy_variants") -> dict[str, tuple[str, dict]]:
+    """``{"label": ["policy", {options}]}`` -> ``{label: (policy, options)}``; a malformed value names
+    the flag and the label."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{option}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SystemExit(f'{option}: expected a JSON object {{"label": ["policy", {{options}}]}}, got {text!r}')
+    variants = {}
+    for label, value in raw.items():
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], dict)):
+            raise SystemExit(f'{option}: {label!r} must be ["policy", {{options}}], got {json.dumps(value)}')
+        variants[label] = (value[0], value[1])
+    return variants
+
+
+def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str, dict]] | None = None) -> dict[str, object]:
+    """Budget policies by bench name (``fixed`` expands to fixed-k1..kK; ``fixed-kN`` is one width),
+    then the labelled ``variants`` (a registered policy with options, e.g. adaptive with another margin)."""
     policies: dict[str, object] = {}
     for name in names:
         single = re.fullmatch(r"fixed-k(\d+)", name)
@@ -86,6 +109,13 @@ def _policies(hooks, names: list[str], width: int) -> dict[str, object]:
             policies[name] = hooks.budget_policy("fixed", {"k": k})
         else:
             policies[name] = hooks.budget_policy(name, {})
+    for label, (policy, options) in (variants or {}).items():
+        if label in policies:
+            raise SystemExit(f"--policy_variants: label {label!r} is already a policy of this run; choose another")
+        try:
+            policies[label] = hooks.budget_policy(policy, options)
+        except DSparkError as exc:
+            raise SystemExit(f"--policy_variants: {label!r}: {exc}") from None
     return policies
 
 
@@ -117,10 +147,17 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         from dspark_core.bench.client import run_against_server
 
+        if parse_variants(args.policy_variants):
+            raise SystemExit("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
+        from dspark_core.plugins import default_hooks
+
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        variants = parse_variants(args.policy_variants)
+        _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
         engine = _engine(args)
-        policies = _policies(engine.hooks, [n.strip() for n in args.policies.split(",") if n.strip()], width)
+        policies = _policies(engine.hooks, names, width, variants)
         total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
