@@ -128,9 +128,8 @@ def start_from_draft(path, config: DraftConfig, seed: int = 0) -> DSparkDraft:
 def grow_layers(draft: DSparkDraft, num_layers: int, seed: int) -> DSparkDraft:
     """The same draft with ``num_layers`` decoder layers: its own layers first, then new ones whose
     attention and MLP output projections are zero, so each new layer adds nothing to the residual
-    stream and the grown draft proposes exactly what ``draft`` did. Training then has the extra
-    capacity to use without first having to recover from a random layer (which costs a data-starved
-    draft more than the layer gives back)."""
+    stream and the grown draft proposes exactly what ``draft`` did. Training then starts from the
+    draft's own quality, with the extra capacity to use, instead of from a random layer in its path."""
     old = draft.config.num_layers
     if num_layers <= old:
         raise ConfigError(f"grow_layers: the draft has {old} layers, cannot grow to {num_layers}")
