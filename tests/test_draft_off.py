@@ -206,6 +206,42 @@ def test_draft_off_margin_needs_the_loss_to_stand_out_from_the_noise(margin, noi
     assert steady.plan(context(), weak, caps).draft is steady_drafts
 
 
+def test_a_few_identical_steps_do_not_turn_a_draft_off():
+    # Two drafted steps that each bought one token at 0.9x the draft-off rate measure no spread at
+    # all; read literally, their standard error is 0 and the first unlucky steps of a run would turn
+    # the draft off (seen on the CPU: off on 80 of a request's 88 steps while drafting paid 1.2x).
+    tiers = tuple(legal_tiers(1, WIDTH))
+
+    def near_even() -> StepReport:
+        return StepReport(1, 1, 6, (5,), (0,), False, predicted_tokens=2.0, committed_tokens=1, tiers=tiers,
+                          tier_costs=np.full(len(tiers), 0.012 / 0.9), draft_off_cost=0.012)
+
+    weak, caps = np.full((1, WIDTH), 0.05), np.array([WIDTH])
+    policy = default_hooks().budget_policy("adaptive", {})
+    assert policy.learning.advantage_error(1) == float("inf")  # nothing measured yet
+    for _ in range(2):
+        policy.observe(near_even())
+    assert policy.learning.advantage[1] == pytest.approx(0.9)
+    assert policy.learning.advantage_error(1) > 0.3  # the prior spread, over two steps
+    assert policy.plan(context(), weak, caps).draft
+    literal = default_hooks().budget_policy("adaptive", {"realized_prior_steps": 0})
+    for _ in range(2):
+        literal.observe(near_even())
+    assert literal.learning.advantage_error(1) == 0.0 and not literal.plan(context(), weak, caps).draft
+    # the same steps, steadily: the evidence piles up and the draft goes off within a dozen or so
+    for n in range(3, 60):
+        policy.observe(near_even())
+        if not policy.plan(context(), weak, caps).draft:
+            break
+    assert 8 <= n <= 20
+    # a step of 16 requests averages 16 ratios: its prior spread is a quarter as wide
+    wide = default_hooks().budget_policy("adaptive", {})
+    wide.learning.record_advantage(16, 0.9)
+    policy_one = default_hooks().budget_policy("adaptive", {})
+    policy_one.learning.record_advantage(1, 0.9)
+    assert wide.learning.advantage_error(16) == pytest.approx(policy_one.learning.advantage_error(1) / 4)
+
+
 def test_realized_decay_sets_how_long_the_rule_remembers():
     # three paying steps, then steady one-token steps: a short memory turns the draft off sooner
     def steps_until_off(decay: float) -> int:
@@ -253,6 +289,8 @@ def test_observed_acceptance_scales_the_forecast():
     ({"realized_decay": 1}, r"realized_decay must be a number in \(0, 1\), got 1"),
     ({"realized_decay": 0}, r"realized_decay must be a number in \(0, 1\), got 0"),
     ({"realized_decay": True}, "realized_decay must be a number"),
+    ({"realized_prior_steps": -1}, r"realized_prior_steps must be a number in \[0, 1000\], got -1"),
+    ({"realized_prior_steps": "2"}, "realized_prior_steps must be a number"),
 ])
 def test_new_options_are_validated(options, match):
     with pytest.raises(ConfigError, match=match):

@@ -45,8 +45,8 @@ from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
 from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, tier_scores
-from dspark_plugins.policies.learning import (DEFAULT_REALIZED_DECAY, FIRST_PROBE_INTERVAL, DraftLearning,
-                                              drafting_advantage)
+from dspark_plugins.policies.learning import (DEFAULT_REALIZED_DECAY, FIRST_PROBE_INTERVAL, PRIOR_STEPS,
+                                              DraftLearning, drafting_advantage)
 
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
@@ -172,7 +172,8 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     if name != "adaptive":
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
-                             "probe_budget", "draft_off_rule", "draft_off_margin", "realized_decay"})
+                             "probe_budget", "draft_off_rule", "draft_off_margin", "realized_decay",
+                             "realized_prior_steps"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -191,8 +192,12 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     decay = options.get("realized_decay", DEFAULT_REALIZED_DECAY)
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
         raise ConfigError(f"budget policy 'adaptive': realized_decay must be a number in (0, 1), got {decay!r}")
+    prior = options.get("realized_prior_steps", PRIOR_STEPS)
+    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0 <= prior <= 1000:
+        raise ConfigError(f"budget policy 'adaptive': realized_prior_steps must be a number in [0, 1000], got {prior!r}")
     return AdaptivePolicy(min_gain=float(options.get("min_gain", 0.0)), tier_lag=lag, draft_off_rule=rule,
-                          draft_off_margin=float(margin), learning=DraftLearning(advantage_decay=float(decay)),
+                          draft_off_margin=float(margin),
+                          learning=DraftLearning(advantage_decay=float(decay), advantage_prior_steps=float(prior)),
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
                           max_probe_interval=interval, probe_budget=float(budget))

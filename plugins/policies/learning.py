@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 FIRST_PROBE_INTERVAL = 4  # draft-off steps before the first probe; the gap doubles from here
 DEFAULT_REALIZED_DECAY = 0.95
+# The prior spread of one drafted step's ratio to the draft-off rate, at one request: 0 to 5
+# accepted tokens of a block make it range from ~0.9 to ~5 on a CPU (sd ~0.7). A step of B requests
+# averages B such ratios, hence PRIOR_VARIANCE / B. Worth PRIOR_STEPS measured steps.
+PRIOR_VARIANCE = 0.5
+PRIOR_STEPS = 2.0
 
 
 @define
@@ -34,10 +39,13 @@ class DraftLearning:
     # seconds) over the draft-off rate (requests / draft-off seconds): what drafting really bought
     advantage: dict[int, float] = field(factory=dict)
     advantage_square: dict[int, float] = field(factory=dict)  # the same decayed mean of the ratio squared
+    advantage_weight: dict[int, float] = field(factory=dict)  # the decayed sum of step weights (1 per step)
+    advantage_weight_square: dict[int, float] = field(factory=dict)  # ... and of their squares
     # about 20 drafted steps of memory: one step's ratio is noisy (0.5 to 4 on a CPU at concurrency 1),
     # so a shorter memory dips below 1 by chance; a draft that stops paying is still noticed within
     # a few tens of drafted steps (option ``realized_decay``)
     advantage_decay: float = DEFAULT_REALIZED_DECAY
+    advantage_prior_steps: float = PRIOR_STEPS  # option ``realized_prior_steps``
 
     @property
     def scale(self) -> float:
@@ -59,11 +67,16 @@ class DraftLearning:
             self.accepted = self.decay * self.accepted + (1 - self.decay) * self.prior
 
     def record_advantage(self, bucket: int, ratio: float) -> None:
-        """One drafted step's realized rate over the draft-off rate, in its request bucket."""
+        """One drafted step's realized rate over the draft-off rate, in its request bucket. The mean
+        weighs a step ``advantage_decay`` less per drafted step after it, normalised by the weights
+        so far: the first step counts as one step, not as the whole past."""
+        d = self.advantage_decay
+        weight = d * self.advantage_weight.get(bucket, 0.0) + 1.0
+        self.advantage_weight_square[bucket] = d * d * self.advantage_weight_square.get(bucket, 0.0) + 1.0
         for moments, value in ((self.advantage, ratio), (self.advantage_square, ratio * ratio)):
-            previous = moments.get(bucket)
-            moments[bucket] = value if previous is None else (
-                self.advantage_decay * previous + (1 - self.advantage_decay) * value)
+            previous = moments.get(bucket, 0.0)
+            moments[bucket] = previous + (value - previous) / weight
+        self.advantage_weight[bucket] = weight
 
     def advantage_bound(self, bucket: int, errors: float) -> float | None:
         """The bucket's measured mean plus ``errors`` standard errors of it (None: nothing measured)."""
@@ -71,10 +84,20 @@ class DraftLearning:
         return None if mean is None else mean + errors * self.advantage_error(bucket)
 
     def advantage_error(self, bucket: int) -> float:
-        """Standard error of the bucket's decayed mean (its ratio's spread over the mean's effective samples)."""
+        """Standard error of the bucket's decayed mean: the ratio's variance over the mean's effective
+        number of steps. The variance starts from a prior (``advantage_prior_steps`` steps of
+        ``PRIOR_VARIANCE / bucket``) that the measured spread outweighs as steps accumulate: a few
+        identical steps (two blocks of which nothing was accepted) measure no spread at all, and
+        taking that at face value would turn a draft off on one or two unlucky steps."""
+        weight = self.advantage_weight.get(bucket, 0.0)
+        if weight <= 0:
+            return float("inf")
         mean, square = self.advantage.get(bucket, 0.0), self.advantage_square.get(bucket, 0.0)
-        return float(np.sqrt(max(square - mean * mean, 0.0) * (1 - self.advantage_decay) / (1 + self.advantage_decay)))
-
+        measured = max(square - mean * mean, 0.0)
+        prior = self.advantage_prior_steps
+        variance = (weight * measured + prior * PRIOR_VARIANCE / bucket) / (weight + prior)
+        effective_steps = weight * weight / self.advantage_weight_square[bucket]
+        return float(np.sqrt(variance / effective_steps))
 
 
 def drafting_advantage(report: StepReport) -> float | None:
