@@ -213,7 +213,7 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
 
 def make_policies(names: list[str], extra: dict, width: int) -> dict:
     """The bench's policies by name (``fixed-kN``, ``fixed``, any registered policy) plus labelled extras."""
-    return _policies(default_hooks(), names, width, extra)
+    return _policies(default_hooks(), names, width, extra, option="--extra")
 
 
 def replay_command(args: argparse.Namespace) -> int:

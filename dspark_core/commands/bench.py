@@ -93,9 +93,11 @@ def parse_variants(text: str, option: str = "--policy_variants") -> dict[str, tu
     return variants
 
 
-def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str, dict]] | None = None) -> dict[str, object]:
+def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str, dict]] | None = None,
+              option: str = "--policy_variants") -> dict[str, object]:
     """Budget policies by bench name (``fixed`` expands to fixed-k1..kK; ``fixed-kN`` is one width),
-    then the labelled ``variants`` (a registered policy with options, e.g. adaptive with another margin)."""
+    then the labelled ``variants`` (a registered policy with options, e.g. adaptive with another margin;
+    errors name ``option``, the flag they came from)."""
     policies: dict[str, object] = {}
     for name in names:
         single = re.fullmatch(r"fixed-k(\d+)", name)
@@ -111,11 +113,11 @@ def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str
             policies[name] = hooks.budget_policy(name, {})
     for label, (policy, options) in (variants or {}).items():
         if label in policies:
-            raise SystemExit(f"--policy_variants: label {label!r} is already a policy of this run; choose another")
+            raise SystemExit(f"{option}: label {label!r} is already a policy of this run; choose another")
         try:
             policies[label] = hooks.budget_policy(policy, options)
         except DSparkError as exc:
-            raise SystemExit(f"--policy_variants: {label!r}: {exc}") from None
+            raise SystemExit(f"{option}: {label!r}: {exc}") from None
     return policies
 
 
