@@ -49,6 +49,7 @@ from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
 
+FIRST_PROBE_INTERVAL = 4
 DEFAULT_MAX_PROBE_INTERVAL = 256
 DEFAULT_PROBE_BUDGET = 0.01
 DEFAULT_DRAFT_OFF_RULE = "realized"
@@ -58,7 +59,6 @@ DEFAULT_DRAFT_OFF_RULE = "realized"
 # enough that a table pricing draft-off a little too cheap does not switch off a draft that pays.
 # With a memory of 0.8 and no margin a 15 % too-cheap draft-off price cost 11 % at one request.
 DEFAULT_DRAFT_OFF_MARGIN = 1.0
-FIRST_PROBE_INTERVAL = 4  # draft-off steps before the first probe; the gap doubles from here
 DEFAULT_REALIZED_DECAY = 0.95
 # The prior spread of one drafted step's ratio to the draft-off rate, at one request: 0 to 5
 # accepted tokens of a block make it range from ~0.9 to ~5 on a CPU (sd ~0.7). A step of B requests
@@ -81,8 +81,7 @@ class DraftLearning:
     # seconds) over the draft-off rate (requests / draft-off seconds): what drafting really bought
     advantage: dict[int, float] = field(factory=dict)
     advantage_square: dict[int, float] = field(factory=dict)  # the same decayed mean of the ratio squared
-    advantage_weight: dict[int, float] = field(factory=dict)  # the decayed sum of step weights (1 per step)
-    advantage_weight_square: dict[int, float] = field(factory=dict)  # ... and of their squares
+    advantage_steps: dict[int, int] = field(factory=dict)  # drafted steps measured (the weights follow from it)
     # about 20 drafted steps of memory: one step's ratio is noisy (0.5 to 4 on a CPU at concurrency 1),
     # so a shorter memory dips below 1 by chance; a draft that stops paying is still noticed within
     # a few tens of drafted steps (option ``realized_decay``)
@@ -112,13 +111,17 @@ class DraftLearning:
         """One drafted step's realized rate over the draft-off rate, in its request bucket. The mean
         weighs a step ``advantage_decay`` less per drafted step after it, normalised by the weights
         so far: the first step counts as one step, not as the whole past."""
-        d = self.advantage_decay
-        weight = d * self.advantage_weight.get(bucket, 0.0) + 1.0
-        self.advantage_weight_square[bucket] = d * d * self.advantage_weight_square.get(bucket, 0.0) + 1.0
+        steps = self.advantage_steps.get(bucket, 0) + 1
+        self.advantage_steps[bucket] = steps
+        weight = self._weights(steps)[0]
         for moments, value in ((self.advantage, ratio), (self.advantage_square, ratio * ratio)):
             previous = moments.get(bucket, 0.0)
             moments[bucket] = previous + (value - previous) / weight
-        self.advantage_weight[bucket] = weight
+
+    def _weights(self, steps: int) -> tuple[float, float]:
+        """Sum of the step weights (1, d, d^2, ... over ``steps`` steps) and of their squares."""
+        d = self.advantage_decay
+        return (1 - d**steps) / (1 - d), (1 - d ** (2 * steps)) / (1 - d * d)
 
     def advantage_bound(self, bucket: int, errors: float) -> float | None:
         """The bucket's measured mean plus ``errors`` standard errors of it (None: nothing measured)."""
@@ -131,14 +134,15 @@ class DraftLearning:
         ``PRIOR_VARIANCE / bucket``) that the measured spread outweighs as steps accumulate: a few
         identical steps (two blocks of which nothing was accepted) measure no spread at all, and
         taking that at face value would turn a draft off on one or two unlucky steps."""
-        weight = self.advantage_weight.get(bucket, 0.0)
-        if weight <= 0:
+        steps = self.advantage_steps.get(bucket, 0)
+        if steps == 0:
             return float("inf")
+        weight, weight_square = self._weights(steps)
         mean, square = self.advantage.get(bucket, 0.0), self.advantage_square.get(bucket, 0.0)
         measured = max(square - mean * mean, 0.0)
         prior = self.advantage_prior_steps
         variance = (weight * measured + prior * PRIOR_VARIANCE / bucket) / (weight + prior)
-        effective_steps = weight * weight / self.advantage_weight_square[bucket]
+        effective_steps = weight * weight / weight_square
         return float(np.sqrt(variance / effective_steps))
 
 
@@ -221,14 +225,14 @@ class AdaptivePolicy:
         """Learn realized / expected drafted tokens, and what drafting bought, from a processed step."""
         if report.draft_off or report.fallback or not np.isfinite(report.predicted_tokens):
             return
-        ratio = drafting_advantage(report)
+        ratio = _drafting_advantage(report)
         if ratio is not None:
             self.learning.record_advantage(report.request_bucket, ratio)
         raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
         self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
 
 
-def drafting_advantage(report: StepReport) -> float | None:
+def _drafting_advantage(report: StepReport) -> float | None:
     """A drafted step's committed tokens per calibrated second over the draft-off rate (None: unpriced)."""
     if report.tier_costs is None or not report.draft_off_cost or report.target_rows not in report.tiers:
         return None
