@@ -187,23 +187,23 @@ class DSparkDraft(nn.Module):
         hidden = self._proposal_hidden(anchor_tokens, anchor_positions, slot_ids)
         base = linear(hidden, self._head_weight()).float()  # [B, K, V_draft]
         to_target = self.draft_to_target()
-        prev = anchor_tokens
-        state = self.markov_head.initial_state(prev.shape[0], hidden) if self.markov_head is not None else None
-        tokens, conf_logits = [], []
-        for j in range(c.num_speculative_tokens):
-            logits, prev_emb = base[:, j], None
-            if self.markov_head is not None:
-                prev_emb = self.markov_head.markov_w1(prev)
-                bias, state = self.markov_head.step(prev_emb, hidden[:, j], state)
-                logits = logits + bias.float()
-            if self.confidence_head is not None:
-                conf_logits.append(self._confidence_logit(hidden[:, j], prev_emb))
-            prev = to_target[logits.argmax(-1)]
-            tokens.append(prev)
-        out_tokens = torch.stack(tokens, dim=1)
+        head = self.markov_head
+        if head is None:  # no token feeds the next position: the whole block in one argmax
+            out_tokens, prev_ids = to_target[base.argmax(-1)], None
+        else:
+            # only the greedy chain is sequential (position j's bias needs token j-1); everything
+            # else runs once for the block, since on the CPU a step is bound by per-op overhead
+            prev, state, tokens = anchor_tokens, head.initial_state(anchor_tokens.shape[0], hidden), []
+            for j in range(c.num_speculative_tokens):
+                bias, state = head.step(head.markov_w1(prev), hidden[:, j], state)
+                prev = to_target[(base[:, j] + bias).argmax(-1)]  # float32 + the bias, promoted
+                tokens.append(prev)
+            out_tokens = torch.stack(tokens, dim=1)
+            prev_ids = torch.cat([anchor_tokens[:, None], out_tokens[:, :-1]], dim=1)  # the token before each
         if self.confidence_head is None:
             return out_tokens, torch.ones(out_tokens.shape, dtype=torch.float32, device=out_tokens.device)
-        return out_tokens, self.confidence(torch.stack(conf_logits, dim=1))
+        prev_emb = head.markov_w1(prev_ids) if head is not None else None
+        return out_tokens, self.confidence(self._confidence_logit(hidden, prev_emb))
 
     # -- training ----------------------------------------------------------------
 
