@@ -1,0 +1,94 @@
+"""What a verified row costs at one request: target-only against fixed widths, step by step.
+
+One engine per policy (target-only and fixed k for each ``--widths`` entry),
+all serving the same MT-Bench prompt with ``ignore_eos``; the engines take
+turns one decode step at a time, so machine noise falls on all of them
+alike. Per policy it reports the median full step and the median time of
+its parts: the target forward (1 row target-only, k + 1 rows at width k),
+the draft proposal and the draft context write. A flat target column up to
+some k says those rows cost nothing at one request, which is what the
+calibrated table's ``theta`` should show.
+
+    python benchmarks/row_costs.py --output benchmarks/results/row-costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from common import mtbench_chats, set_threads, write_results
+
+from dspark_core.engine.engine import Engine
+from dspark_core.engine.records import EngineConfig
+from dspark_core.engine.request import SamplingParams
+from dspark_core.geometry import Geometry
+from dspark_core.models.drafts import resolve_draft_path
+from dspark_core.models.loading import load_target
+from dspark_core.models.speculators_io import load_draft
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+def _timed(obj, name: str, key: str, spent: dict[str, float]) -> None:
+    """Wrap ``obj.name`` so its wall time adds up in ``spent[key]`` (this script's instances only)."""
+    inner = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - started
+
+    setattr(obj, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--widths", default="1,3,5,7", help="Fixed widths k to compare with target-only (K = 7).")
+    parser.add_argument("--steps", type=int, default=120, help="Decode steps per policy (taken in turns).")
+    parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    widths = [int(k) for k in args.widths.split(",")]
+    target = load_target("smollm2")
+    draft = load_draft(resolve_draft_path("default", "smollm2"), dtype=getattr(torch, args.draft_dtype))
+    spent: dict[str, float] = {}
+    _timed(target, "forward", "target_ms", spent)
+    _timed(draft, "propose", "propose_ms", spent)
+    _timed(draft, "extend_context", "context_ms", spent)
+    policies = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
+    engines = {}
+    for label, (policy, options) in policies.items():
+        config = EngineConfig(draft_width=7, policy=policy, policy_options=options, request_buckets=BUCKETS,
+                              max_model_len=1024, schedule_overlap=False)
+        engine = Engine(target, draft if policy != "none" else None, config, geometry=Geometry.bucket_multiples(7, BUCKETS))
+        engine.add_request(mtbench_chats(1)[0], SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
+        while engine.counters.steps < 5:  # prefill and warm steps, not measured
+            engine.step()
+        engines[label] = engine
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label in policies}
+    for _ in range(args.steps):
+        for label, engine in engines.items():
+            spent.clear()
+            started = time.perf_counter()
+            engine.step()
+            parts = {"step_ms": time.perf_counter() - started, **spent}
+            for key, seconds in parts.items():
+                samples[label].setdefault(key, []).append(1e3 * seconds)
+    results = []
+    for label, parts in samples.items():
+        row = {"policy": label, **{key: round(statistics.median(values), 2) for key, values in parts.items()}}
+        results.append(row)
+        print(row)
+    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps,
+                                                "draft_dtype": args.draft_dtype}, results)
+
+
+if __name__ == "__main__":
+    main()
