@@ -176,7 +176,8 @@ def test_skip_prompts_trains_on_the_later_prompts_only(tmp_path):
     # 20 prompts, the first 4 left out, the last 4 held out: prompts 4..15 train
     assert [p for s in shards for p in s["prompts"]] == prompts[4:16]
     assert [a for s in shards for a in s["answers"]] == answers[4:16]
-    assert json.loads((tmp_path / "train-summary.json").read_text())["skip_prompts"] == 4
+    summary = json.loads((tmp_path / "train-summary.json").read_text())
+    assert summary["skip_prompts"] == 4 and summary["prompt_chars"] == [16, 500]
     with pytest.raises(ConfigError, match=r"--skip_prompts must be at least 0 and below --prompts \(20\), got 20"):
         options(tmp_path, skip_prompts=20)
 

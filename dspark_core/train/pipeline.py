@@ -365,7 +365,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
         "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
         "init_from_target_layer": opts.init_from_target_layer, "init_draft": opts.init_draft,
-        "skip_prompts": opts.skip_prompts, "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
+        "skip_prompts": opts.skip_prompts, "prompt_chars": [opts.min_prompt_chars, opts.max_prompt_chars], "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
         "best": info.get("best"), "baseline": baseline, "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
     }, indent=2) + "\n")
