@@ -66,7 +66,7 @@ def main() -> None:
     engines = {}
     for label, (policy, options) in policies.items():
         config = EngineConfig(draft_width=7, policy=policy, policy_options=options, request_buckets=BUCKETS,
-                              max_model_len=1024, schedule_overlap=False)
+                              max_model_len=2048, schedule_overlap=False)
         engine = Engine(target, draft if policy != "none" else None, config, geometry=Geometry.bucket_multiples(7, BUCKETS))
         engine.add_request(mtbench_chats(1)[0], SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
         while engine.counters.steps < 5:  # prefill and warm steps, not measured
