@@ -8,14 +8,16 @@ from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.geometry import Geometry
 
 
-def load_models(draft_path: str = "default"):
-    """The real default target and a draft (the shipped one unless a directory is given)."""
+def load_models(draft_path: str = "default", draft_dtype: torch.dtype | None = None):
+    """The real default target and a draft (the shipped one unless a directory is given; float32 unless
+    ``draft_dtype`` says otherwise)."""
     from dspark_core.models.drafts import resolve_draft_path
     from dspark_core.models.loading import load_target
     from dspark_core.models.speculators_io import load_draft
 
     target = load_target("smollm2")
-    return target, load_draft(resolve_draft_path(draft_path, "smollm2"))
+    draft_path = resolve_draft_path(draft_path, "smollm2")
+    return target, load_draft(draft_path) if draft_dtype is None else load_draft(draft_path, dtype=draft_dtype)
 
 
 def mtbench_chats(count: int) -> list:
@@ -25,9 +27,10 @@ def mtbench_chats(count: int) -> list:
 
 
 def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", overlap: bool = True,
-                buckets=(1, 2, 4, 8, 16), table=None) -> Engine:
-    engine = Engine(target, draft, EngineConfig(draft_width=width, policy=policy, request_buckets=buckets,
-                                                max_model_len=1024, schedule_overlap=overlap),
+                buckets=(1, 2, 4, 8, 16), table=None, policy_options=None, max_model_len: int = 1024) -> Engine:
+    engine = Engine(target, draft, EngineConfig(draft_width=width, policy=policy, policy_options=policy_options or {},
+                                                request_buckets=buckets, max_model_len=max_model_len,
+                                                schedule_overlap=overlap),
                     geometry=Geometry.bucket_multiples(width, buckets))
     if table is not None:
         engine.install_table(table)

@@ -19,17 +19,9 @@ import statistics
 import time
 
 import torch
-from common import mtbench_chats, set_threads, write_results
+from common import load_models, make_engine, mtbench_chats, set_threads, write_results
 
-from dspark_core.engine.engine import Engine
-from dspark_core.engine.records import EngineConfig
 from dspark_core.engine.request import SamplingParams
-from dspark_core.geometry import Geometry
-from dspark_core.models.drafts import resolve_draft_path
-from dspark_core.models.loading import load_target
-from dspark_core.models.speculators_io import load_draft
-
-BUCKETS = (1, 2, 4, 8, 16)
 
 
 def _timed(obj, name: str, key: str, spent: dict[str, float]) -> None:
@@ -56,8 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
     widths = [int(k) for k in args.widths.split(",")]
-    target = load_target("smollm2")
-    draft = load_draft(resolve_draft_path("default", "smollm2"), dtype=getattr(torch, args.draft_dtype))
+    target, draft = load_models(draft_dtype=getattr(torch, args.draft_dtype))
     spent: dict[str, float] = {}
     _timed(target, "forward", "target_ms", spent)
     _timed(draft, "propose", "propose_ms", spent)
@@ -65,9 +56,8 @@ def main() -> None:
     policies = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
     engines = {}
     for label, (policy, options) in policies.items():
-        config = EngineConfig(draft_width=7, policy=policy, policy_options=options, request_buckets=BUCKETS,
-                              max_model_len=2048, schedule_overlap=False)
-        engine = Engine(target, draft if policy != "none" else None, config, geometry=Geometry.bucket_multiples(7, BUCKETS))
+        engine = make_engine(target, draft if policy != "none" else None, policy=policy, policy_options=options,
+                             overlap=False, max_model_len=2048)
         engine.add_request(mtbench_chats(1)[0], SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
         while engine.counters.steps < 5:  # prefill and warm steps, not measured
             engine.step()

@@ -189,20 +189,19 @@ class DSparkDraft(nn.Module):
         to_target = self.draft_to_target()
         head = self.markov_head
         if head is None:  # no token feeds the next position: the whole block in one argmax
-            out_tokens, prev_ids = to_target[base.argmax(-1)], None
+            out_tokens, prev_emb = to_target[base.argmax(-1)], None
         else:
-            # only the greedy chain is sequential (position j's bias needs token j-1); everything
-            # else runs once for the block, since on the CPU a step is bound by per-op overhead
-            prev, state, tokens = anchor_tokens, head.initial_state(anchor_tokens.shape[0], hidden), []
+            # only the greedy chain is sequential (position j's bias needs token j-1); the confidence
+            # head then runs once for the block, since on the CPU a step is bound by per-op overhead
+            prev, state, tokens, embs = anchor_tokens, head.initial_state(anchor_tokens.shape[0], hidden), [], []
             for j in range(c.num_speculative_tokens):
-                bias, state = head.step(head.markov_w1(prev), hidden[:, j], state)
+                embs.append(head.markov_w1(prev))
+                bias, state = head.step(embs[-1], hidden[:, j], state)
                 prev = to_target[(base[:, j] + bias).argmax(-1)]  # float32 + the bias, promoted
                 tokens.append(prev)
-            out_tokens = torch.stack(tokens, dim=1)
-            prev_ids = torch.cat([anchor_tokens[:, None], out_tokens[:, :-1]], dim=1)  # the token before each
+            out_tokens, prev_emb = torch.stack(tokens, dim=1), torch.stack(embs, dim=1)
         if self.confidence_head is None:
             return out_tokens, torch.ones(out_tokens.shape, dtype=torch.float32, device=out_tokens.device)
-        prev_emb = head.markov_w1(prev_ids) if head is not None else None
         return out_tokens, self.confidence(self._confidence_logit(hidden, prev_emb))
 
     # -- training ----------------------------------------------------------------

@@ -219,6 +219,12 @@ def _prefill(target, opts: PipelineOptions, aux, pairs: list[tuple[list[int], li
     return _shards(where, pairs, opts.shard_size, make, log, "prefill features (ShareGPT answers)")
 
 
+def _prompt_draw(opts: PipelineOptions) -> dict:
+    """The keyword arguments of data.sharegpt_prompts / sharegpt_pairs for these options (one list either way)."""
+    return {"limit": opts.prompts, "seed": opts.settings.seed, "min_chars": opts.min_prompt_chars,
+            "max_chars": opts.max_prompt_chars}
+
+
 def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of ShareGPT pairs; answers of one token or none are dropped."""
     if opts.tiny:
@@ -226,8 +232,7 @@ def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], lis
         return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))[opts.skip_prompts:]
     tok = target.tokenizer
     out = []
-    records = data.sharegpt_pairs(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed,
-                                  min_chars=opts.min_prompt_chars, max_chars=opts.max_prompt_chars)
+    records = data.sharegpt_pairs(opts.sharegpt, **_prompt_draw(opts))
     for prompt, answer in records[opts.skip_prompts:]:
         p, a = data.tokenize_pair(tok, prompt, answer, opts.max_tokens)
         if len(a) >= 2:
@@ -242,8 +247,7 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
         if opts.tiny:
             ids = tiny_prompts(target, opts)[opts.skip_prompts:]
         else:
-            prompts = data.sharegpt_prompts(opts.sharegpt, limit=opts.prompts, seed=opts.settings.seed,
-                                            min_chars=opts.min_prompt_chars, max_chars=opts.max_prompt_chars)
+            prompts = data.sharegpt_prompts(opts.sharegpt, **_prompt_draw(opts))
             ids = [data.chat_ids(target.tokenizer, p) for p in prompts[opts.skip_prompts:]]
         where = shard_dir(opts, aux, "on_policy")
         log(f"{len(ids)} prompts ({sum(map(len, ids))} tokens); on-policy shards in {where}")
