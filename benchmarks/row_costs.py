@@ -7,7 +7,9 @@ alike. Per policy it reports the median full step and the median time of
 its parts: the target forward (1 row target-only, k + 1 rows at width k),
 the draft proposal and the draft context write. A flat target column up to
 some k says those rows cost nothing at one request, which is what the
-calibrated table's ``theta`` should show.
+calibrated table's ``theta`` should show. With ``--table`` (a bench's saved
+``cost-table.json``) an ``adaptive`` engine pricing steps by it takes its turn
+too, and its rows show what its own choices cost against the fixed widths.
 
     python benchmarks/row_costs.py --output benchmarks/results/row-costs.json
 """
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120, help="Decode steps per policy (taken in turns).")
     parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--table", default=None, help="A saved cost table: also step an adaptive engine priced by it.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     set_threads(args.threads)
@@ -54,13 +57,21 @@ def main() -> None:
     _timed(draft, "propose", "propose_ms", spent)
     _timed(draft, "extend_context", "context_ms", spent)
     policies = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
+    table = None
+    if args.table:
+        from dspark_core.table import load_table
+
+        table = load_table(args.table)
+        policies["adaptive"] = ("adaptive", {})
     engines = {}
+    reports: dict[str, list] = {label: [] for label in policies}
     for label, (policy, options) in policies.items():
         engine = make_engine(target, draft if policy != "none" else None, policy=policy, policy_options=options,
-                             overlap=False, max_model_len=2048)
+                             overlap=False, max_model_len=2048, table=table)
         engine.add_request(mtbench_chats(1)[0], SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
         while engine.counters.steps < 5:  # prefill and warm steps, not measured
             engine.step()
+        engine.add_observer(reports[label].append)
         engines[label] = engine
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in policies}
     for _ in range(args.steps):
@@ -68,16 +79,20 @@ def main() -> None:
             spent.clear()
             started = time.perf_counter()
             engine.step()
-            parts = {"step_ms": time.perf_counter() - started, **spent}
-            for key, seconds in parts.items():
+            for key, seconds in {"step_ms": time.perf_counter() - started, **spent}.items():
                 samples[label].setdefault(key, []).append(1e3 * seconds)
     results = []
     for label, parts in samples.items():
-        row = {"policy": label, **{key: round(statistics.median(values), 2) for key, values in parts.items()}}
+        done = reports[label]  # every measured step, processed inside its own engine.step() (no overlap)
+        row = {"policy": label, **{key: round(statistics.median(values), 2) for key, values in parts.items()},
+               "step_ms_mean": round(statistics.fmean(parts["step_ms"]), 2),
+               "rows_mean": round(statistics.fmean(r.target_rows for r in done), 2),
+               "tokens_per_step": round(statistics.fmean(r.committed_tokens for r in done), 3),
+               # committed tokens over the wall time of the same steps: the policies' throughput side by side
+               "tokens_per_s": round(sum(r.committed_tokens for r in done) / (1e-3 * sum(parts["step_ms"][:len(done)])), 2)}
         results.append(row)
         print(row)
-    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps,
-                                                "draft_dtype": args.draft_dtype}, results)
+    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "table": args.table, "draft_dtype": args.draft_dtype}, results)
 
 
 if __name__ == "__main__":
