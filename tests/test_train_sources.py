@@ -202,6 +202,41 @@ def test_a_prompt_length_range_gets_shards_of_its_own():
         attrs.evolve(short, min_prompt_chars=0)
 
 
+def test_extra_features_train_beside_the_runs_own(tmp_path):
+    first = tmp_path / "first"
+    run_pipeline(options(first, steps=1), progress=False, log=quiet)
+    assert len(shard_rows(first / "shards")) == 3  # 20 on-policy sequences (16 train + 4 held out) in shards of 8
+    second = tmp_path / "second"
+    run_pipeline(options(second, steps=1, extra_features=str(first / "shards")), progress=False, log=quiet)
+    summary = json.loads((second / "train-summary.json").read_text())
+    assert summary["train_sequences"] == 16 + 20  # its own training sequences and every extra one, held-out ones too
+    assert summary["feature_stages"]["extra features"]["sequences"] == 20
+    assert summary["extra_features"] == [str(first / "shards")]
+    assert summary["heldout_sequences"] == 4  # the held-out set is still only the run's own
+
+
+def test_extra_features_are_checked_before_any_feature_is_made(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"--extra_features: .*empty holds no feature shards \(part-\*\.pt\)"):
+        options(tmp_path, extra_features=str(tmp_path / "empty"))
+    first = tmp_path / "first"
+    run_pipeline(options(first, steps=1), progress=False, log=quiet)
+    other = tmp_path / "other"
+    with pytest.raises(ConfigError, match=r"part-00000-8\.pt has hidden width \d+ and top-16 labels; this run makes width \d+ and top-8"):
+        run_pipeline(options(other, steps=1, topk=8, extra_features=str(first / "shards")), progress=False, log=quiet)
+    assert not (other / "shards").exists()  # refused before the run made any feature
+
+
+def test_extra_features_flag_reaches_the_options():
+    from dspark_core.cli import build_parser
+    from dspark_core.commands.train_draft import options_from_args
+
+    args = build_parser().parse_args(["train-draft", "--tiny", "--extra_features=/a, /b"])
+    with pytest.raises(ConfigError, match=r"--extra_features: /a holds no feature shards"):
+        options_from_args(args)
+    assert options_from_args(build_parser().parse_args(["train-draft", "--tiny"])).extra_features == ()
+
+
 def test_answers_option_is_checked():
     with pytest.raises(ConfigError, match="--answers"):
         PipelineOptions(answers="sharegpt,bogus")

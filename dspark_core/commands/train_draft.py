@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--aux_layers", type=_layers, default=None, help="Target hidden-state ids for KV injection, e.g. 2,15,28. Default: low/middle/high.")
     a("--topk", type=int, default=16, help="Teacher top-k probabilities cached per position. Default: 16.")
     a("--features_dir", default=None, help="Feature cache directory. Default: ~/.cache/dspark-core/features.")
+    a("--extra_features", default="", help="Comma-separated folders of cached feature shards (part-*.pt, e.g. an earlier "
+                                          "stage's) trained on as well, as they are; they must come from the same target, "
+                                          "--aux_layers and --topk; with ShareGPT answers among them give --greedy_prefix_only=on. "
+                                          "Default: none.")
     a("--steps", type=int, default=1000, help="Optimizer steps. Default: 1000.")
     a("--seqs_per_step", type=int, default=8, help="Sequences per step. Default: 8.")
     a("--anchors_per_seq", type=int, default=24, help="Random anchors (blocks) per sequence. Default: 24.")
@@ -119,6 +123,7 @@ def options_from_args(args: argparse.Namespace):
                              eval_every=args.eval_every, eval_anchors=args.eval_anchors, ce_weight=ce_weight)
     common = {"output": Path(args.output), "topk": args.topk, "markov_type": args.markov_type,
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
+              "extra_features": args.extra_features,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
               "on_policy_prompts": args.on_policy_prompts,
               "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,

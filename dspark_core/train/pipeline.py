@@ -70,6 +70,17 @@ def _min_prompt_chars(options: PipelineOptions, attribute, value: int) -> None:
         raise ConfigError(f"--min_prompt_chars must be at least 1 and at most --max_prompt_chars ({options.max_prompt_chars}), got {value}")
 
 
+def _feature_dirs(value) -> tuple[Path, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(Path(str(x).strip()) for x in items if str(x).strip())
+
+
+def _has_shards(options: PipelineOptions, attribute, value: tuple[Path, ...]) -> None:
+    for directory in value:
+        if not any(directory.glob("part-*.pt")):
+            raise ConfigError(f"--extra_features: {directory} holds no feature shards (part-*.pt)")
+
+
 def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
     if not 0 <= value < options.prompts:
         raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
@@ -97,6 +108,9 @@ class PipelineOptions:
     aux_layers: tuple[int, ...] | None = None
     topk: int = 16
     features_dir: Path | None = None
+    # shard folders of earlier runs trained on as well (read as they are, nothing recomputed): one stage can mix
+    # prompt ranges, e.g. long prompts with the short ones an earlier stage answered
+    extra_features: tuple[Path, ...] = field(default=(), converter=_feature_dirs, validator=_has_shards)
     answers: tuple[str, ...] = field(default=("on_policy",), converter=_answers)
     sharegpt: Path | None = None  # the wheel, its JSON, or an extract (data.write_sharegpt_extract); None: download
     on_policy_prompts: int = 0  # with answers=on_policy,sharegpt: answer only the first N training prompts on-policy (0 = all)
@@ -280,6 +294,36 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     return concat_features(parts), held, held_pairs
 
 
+def extra_shards(opts: PipelineOptions, width: int) -> list[Path]:
+    """The ``part-*.pt`` files of ``opts.extra_features``, checked against this run's feature layout.
+
+    ``width`` is the hidden width this run's features have (aux layers × target hidden size). One shard per
+    folder is opened here, before any feature is computed, so a folder made for another target, other
+    ``--aux_layers`` or another ``--topk`` is refused at once rather than after hours of generation.
+    """
+    paths: list[Path] = []
+    for directory in opts.extra_features:
+        found = sorted(directory.glob("part-*.pt"))
+        first = torch.load(found[0], weights_only=True)["features"]
+        got = (int(first["hidden"].shape[1]), int(first["topk_ids"].shape[1]))
+        if got != (width, opts.topk):
+            raise ConfigError(f"--extra_features: {found[0]} has hidden width {got[0]} and top-{got[1]} labels; this run "
+                              f"makes width {width} and top-{opts.topk} (another target, --aux_layers or --topk)")
+        paths += found
+    return paths
+
+
+def read_extra(paths: list[Path], log) -> FeatureSet | None:
+    """The sequences of ``paths`` (see :func:`extra_shards`) as one set, with their figures in ``STATS``."""
+    if not paths:
+        return None
+    feats = concat_features([FeatureSet(**torch.load(p, weights_only=True)["features"]) for p in paths])
+    STATS["extra features"] = {"shards": len(paths), "sequences": feats.num_sequences, "rows": int(feats.tokens.numel()),
+                               "answer_tokens": feats.answer_tokens}
+    log(f"extra features: {feats.num_sequences} sequences ({feats.answer_tokens} answer tokens) from {len(paths)} shards")
+    return feats
+
+
 def split(pairs: list, heldout: int) -> tuple[list[int], list[int]]:
     """Indices of training and held-out sequences (the last ``heldout`` are held out)."""
     n = len(pairs)
@@ -313,8 +357,12 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         if opts.init_from_target_layer is not None:
             raise ConfigError("--init_draft and --init_from_target_layer both say where the draft starts; give one")
         start = start_from_draft(resolve_draft_path(opts.init_draft, opts.target), cfg, opts.settings.seed)
+    extra = extra_shards(opts, len(cfg.aux_layer_ids) * target.config.hidden_size)
     t1 = time.perf_counter()
     train_feats, held, held_pairs = collect(target, opts, cfg.aux_layer_ids, log)
+    more = read_extra(extra, log)
+    if more is not None:
+        train_feats = concat_features([train_feats, more])
     t2 = time.perf_counter()
     held_file = opts.output / "heldout.jsonl"
     data.write_generations(held_file, [p for p, _ in held_pairs], [a for _, a in held_pairs])
@@ -368,6 +416,7 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
             ("on_policy",) if "sharegpt" not in opts.answers else (("pairs",) if "on_policy" in opts.answers else ()) + ("sharegpt",))},
         "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
         "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
+        "extra_features": [str(d) for d in opts.extra_features],
         "init_from_target_layer": opts.init_from_target_layer, "init_draft": opts.init_draft,
         "skip_prompts": opts.skip_prompts, "prompt_chars": [opts.min_prompt_chars, opts.max_prompt_chars], "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
