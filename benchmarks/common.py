@@ -8,16 +8,23 @@ from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.geometry import Geometry
 
 
-def load_models(draft_path: str = "default", draft_dtype: torch.dtype | None = None):
-    """The real default target and a draft (the shipped one unless a directory is given; float32 unless
-    ``draft_dtype`` says otherwise)."""
-    from dspark_core.models.drafts import resolve_draft_path
+def load_models(draft_path: str | None = "default", draft_dtype: torch.dtype | None = None):
+    """The real default target and a draft (the shipped one unless a directory is given, none for
+    ``None``; float32 unless ``draft_dtype`` says otherwise)."""
     from dspark_core.models.loading import load_target
+
+    return load_target("smollm2"), None if draft_path is None else load_draft_model(draft_path, draft_dtype)
+
+
+def load_draft_model(draft_path: str = "default", draft_dtype: torch.dtype | None = None):
+    """A fresh draft instance. Engines that run side by side each need their own: a draft holds the
+    context (its KV cache) of the last engine built with it, so two engines sharing one overwrite
+    each other's draft context and propose from the wrong one (still exact, but less accepted)."""
+    from dspark_core.models.drafts import resolve_draft_path
     from dspark_core.models.speculators_io import load_draft
 
-    target = load_target("smollm2")
     draft_path = resolve_draft_path(draft_path, "smollm2")
-    return target, load_draft(draft_path) if draft_dtype is None else load_draft(draft_path, dtype=draft_dtype)
+    return load_draft(draft_path) if draft_dtype is None else load_draft(draft_path, dtype=draft_dtype)
 
 
 def mtbench_chats(count: int) -> list:

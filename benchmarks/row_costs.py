@@ -1,7 +1,9 @@
-"""What a verified row costs at one request: target-only against fixed widths, step by step.
+"""What a verified row costs: target-only against fixed widths, step by step.
 
 One engine per policy (target-only and fixed k for each ``--widths`` entry),
-all serving the same MT-Bench prompt with ``ignore_eos``; the engines take
+all serving the same MT-Bench prompts (one per ``--concurrency``) with
+``ignore_eos``, so every measured step is a pure decode step over the same
+batch; the engines take
 turns one decode step at a time, so machine noise falls on all of them
 alike. Per policy it reports the median full step and the median time of
 its parts: the target forward (1 row target-only, k + 1 rows at width k),
@@ -21,7 +23,7 @@ import statistics
 import time
 
 import torch
-from common import load_models, make_engine, mtbench_chats, set_threads, write_results
+from common import load_draft_model, load_models, make_engine, mtbench_chats, set_threads, write_results
 
 from dspark_core.engine.request import SamplingParams
 
@@ -43,19 +45,21 @@ def _timed(obj, name: str, key: str, spent: dict[str, float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="1,3,5,7", help="Fixed widths k to compare with target-only (K = 7).")
+    parser.add_argument("--concurrency", type=int, default=1, help="Requests decoding together in every engine.")
     parser.add_argument("--steps", type=int, default=120, help="Decode steps per policy (taken in turns).")
     parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--table", default=None, help="A saved cost table: also step an adaptive engine priced by it.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
     set_threads(args.threads)
     widths = [int(k) for k in args.widths.split(",")]
-    target, draft = load_models(draft_dtype=getattr(torch, args.draft_dtype))
+    draft_dtype = getattr(torch, args.draft_dtype)
+    target, _ = load_models(None)
     spent: dict[str, float] = {}
     _timed(target, "forward", "target_ms", spent)
-    _timed(draft, "propose", "propose_ms", spent)
-    _timed(draft, "extend_context", "context_ms", spent)
     policies = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
     table = None
     if args.table:
@@ -66,11 +70,20 @@ def main() -> None:
     engines = {}
     reports: dict[str, list] = {label: [] for label in policies}
     for label, (policy, options) in policies.items():
-        engine = make_engine(target, draft if policy != "none" else None, policy=policy, policy_options=options,
+        draft = None
+        if policy != "none":  # one draft per engine: a draft instance holds its engine's draft context
+            draft = load_draft_model(draft_dtype=draft_dtype)
+            _timed(draft, "propose", "propose_ms", spent)
+            _timed(draft, "extend_context", "context_ms", spent)
+        engine = make_engine(target, draft, policy=policy, policy_options=options,
                              overlap=False, max_model_len=2048, table=table)
-        engine.add_request(mtbench_chats(1)[0], SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
-        while engine.counters.steps < 5:  # prefill and warm steps, not measured
+        for chat in mtbench_chats(args.concurrency):
+            engine.add_request(chat, SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
+        warm: list = []  # prefill and three decode steps over the whole batch, not measured
+        engine.add_observer(warm.append)
+        while sum(r.live_requests == args.concurrency for r in warm) < 3:
             engine.step()
+        engine.remove_observer(warm.append)
         engine.add_observer(reports[label].append)
         engines[label] = engine
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in policies}
@@ -92,7 +105,7 @@ def main() -> None:
                "tokens_per_s": round(sum(r.committed_tokens for r in done) / (1e-3 * sum(parts["step_ms"][:len(done)])), 2)}
         results.append(row)
         print(row)
-    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "table": args.table, "draft_dtype": args.draft_dtype}, results)
+    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "concurrency": args.concurrency, "table": args.table, "draft_dtype": args.draft_dtype}, results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,127 @@
+"""Policies side by side on one workload, one engine step at a time.
+
+Every policy gets its own engine (sharing the target's weights; each has its
+own draft, whose context cache is per instance) and
+its own copy of the same prompt queue; at most ``--concurrency`` requests run
+in each, and a finished request is replaced by the next prompt, as in a
+server. The engines take turns one ``step()`` at a time without schedule
+overlap, so each step's whole work, prefill included, lands inside its own
+call and a burst of machine noise falls on every policy alike. Throughput is
+output tokens over the summed wall time of the policy's own steps.
+
+This answers "is policy A faster than B on this workload" far more steadily
+than ``dspark-core bench`` on a shared CPU, whose rounds run policies one
+after another (its figures move by ±8 % between rounds here). It does not
+measure what overlap buys, and a policy's first token waits for the other
+engines' turns, so it reports no latency.
+
+    python benchmarks/lockstep.py --prompts /path/heldout.jsonl --concurrency 4 \\
+        --table benchmarks/results/draft-long/k7/cost-table.json --output lockstep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from common import load_draft_model, load_models, make_engine, mtbench_chats, set_threads, write_results
+
+from dspark_core.engine.request import SamplingParams
+from dspark_core.prompts import read_prompts_jsonl
+
+
+def policy_specs(widths: list[int], table_given: bool, variants: dict) -> dict[str, tuple[str, dict]]:
+    """Label → (policy, options): target-only, each fixed width, adaptive when a table prices it, and variants."""
+    specs = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
+    if table_given:
+        specs["adaptive"] = ("adaptive", {})
+        for label, (policy, options) in variants.items():
+            specs[label] = (policy, dict(options))
+    elif variants:
+        raise SystemExit("--variants need --table: an adaptive policy prices its steps with a cost table")
+    return specs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
+    parser.add_argument("--limit", type=int, default=None, help="Use only the first N prompts.")
+    parser.add_argument("--concurrency", type=int, default=4, help="Requests running at once in every engine.")
+    parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
+    parser.add_argument("--width", type=int, default=7, help="Draft width K.")
+    parser.add_argument("--widths", default="1,3", help="Fixed widths k to run beside target-only.")
+    parser.add_argument("--table", default=None, help="A saved cost table (a bench's cost-table.json): adds `adaptive`.")
+    parser.add_argument("--variants", default="{}",
+                        help='JSON {"label": ["adaptive", {options}]}: more priced policies beside `adaptive`.')
+    parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    try:
+        variants = json.loads(args.variants)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--variants is not JSON: {exc}")
+    set_threads(args.threads)
+    specs = policy_specs([int(k) for k in args.widths.split(",") if k], args.table is not None, variants)
+    prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
+    prompts = prompts[: args.limit] if args.limit else prompts
+
+    draft_dtype = getattr(torch, args.draft_dtype)
+    target, _ = load_models(None)
+    table = None
+    if args.table:
+        from dspark_core.table import load_table
+
+        table = load_table(args.table)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    engines, queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}, {}
+    order: dict[str, dict[str, int]] = {label: {} for label in specs}  # request id → prompt index
+    for label, (policy, options) in specs.items():
+        draft = load_draft_model(draft_dtype=draft_dtype) if policy != "none" else None  # one per engine
+        engine = make_engine(target, draft, width=args.width, policy=policy,
+                             policy_options=options, overlap=False, max_model_len=2048, table=table)
+        engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
+        reports[label] = []
+        engine.add_observer(reports[label].append)
+        engines[label], queues[label], live[label] = engine, list(enumerate(prompts)), 0
+        seconds[label], outputs[label] = 0.0, {}
+    while any(queues[label] or live[label] for label in engines):
+        for label, engine in engines.items():
+            if not (queues[label] or live[label]):
+                continue
+            while live[label] < args.concurrency and queues[label]:
+                index, prompt = queues[label].pop(0)
+                order[label][engine.add_request(prompt, params).request_id] = index
+                live[label] += 1
+            started = time.perf_counter()
+            finished = engine.step()
+            seconds[label] += time.perf_counter() - started
+            for output in finished:
+                outputs[label][order[label][output.request_id]] = output.token_ids
+                live[label] -= 1
+
+    reference = [outputs["none"][i] for i in range(len(prompts))]
+    results = []
+    for label in engines:
+        tokens = sum(len(ids) for ids in outputs[label].values())
+        steps = reports[label]
+        row = {"policy": label, "tokens": tokens, "seconds": round(seconds[label], 2),
+               "tokens_per_s": round(tokens / seconds[label], 2),
+               "vs_target_only": round(tokens / seconds[label] / (sum(len(i) for i in reference) / seconds["none"]), 3),
+               "decode_steps": len(steps),
+               "rows_per_request": round(sum(r.target_rows for r in steps) / max(1, sum(r.live_requests for r in steps)), 2),
+               "identical": [outputs[label][i] for i in range(len(prompts))] == reference}
+        results.append(row)
+        print(row, flush=True)
+    write_results(args.output, "lockstep.py", {
+        "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants,
+        "threads": args.threads, "draft_dtype": args.draft_dtype}, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""benchmarks/lockstep.py: policies stepped in turn on one workload, on the real default model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "lockstep.py"
+TABLE = ROOT / "benchmarks" / "results" / "draft-long" / "k7" / "cost-table.json"  # the shipped draft's K=7 run
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT / "benchmarks")
+
+
+@pytest.mark.slow
+def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ["The capital of France is", "Water boils at", "One, two, three,"]))
+    out = tmp_path / "lockstep.json"
+    proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "6", "--widths", "1,3",
+                      "--table", str(TABLE), "--variants", '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}',
+                      "--threads", "1", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads(out.read_text())
+    rows = {row["policy"]: row for row in saved["results"]}
+    assert list(rows) == ["none", "fixed-k1", "fixed-k3", "adaptive", "adaptive-m0"]
+    assert saved["meta"]["count"] == 3 and saved["meta"]["concurrency"] == 2
+    for row in rows.values():
+        assert row["identical"], row  # greedy speculative output equals target-only, prompt by prompt
+        assert row["tokens"] == rows["none"]["tokens"] > 0
+        assert row["seconds"] > 0
+    assert rows["none"]["vs_target_only"] == 1.0
+    assert rows["none"]["rows_per_request"] == pytest.approx(1.0, abs=0.05)
+    assert rows["fixed-k3"]["rows_per_request"] > rows["fixed-k1"]["rows_per_request"] > 1.5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+    (["--variants", "{not json"], "--variants is not JSON"),
+    (["--variants", '{"a": ["adaptive", {}]}'], "--variants need --table"),
+])
+def test_bad_arguments_are_refused_before_any_model_loads(args, message):
+    proc = run_script(*args)
+    assert proc.returncode != 0
+    assert message in proc.stderr
