@@ -44,6 +44,38 @@ def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", over
     return engine
 
 
+def policy_specs(widths, table_given: bool = False, variants: dict | None = None) -> dict[str, tuple[str, dict]]:
+    """Label -> (policy, options) for side-by-side scripts: target-only, fixed k per width, and ``adaptive``
+    plus ``variants`` when a cost table prices them."""
+    specs = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
+    if variants and not table_given:
+        raise SystemExit("--variants need --table: an adaptive policy prices its steps with a cost table")
+    if table_given:
+        specs["adaptive"] = ("adaptive", {})
+        specs.update({label: (policy, dict(options)) for label, (policy, options) in (variants or {}).items()})
+    return specs
+
+
+def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_path: str | None,
+                         draft_dtype: torch.dtype, on_draft=None, **engine_kwargs) -> dict[str, Engine]:
+    """One engine per policy of ``specs``, without schedule overlap (a step ends inside its own call), priced
+    by the table at ``table_path``; every drafting engine gets a draft of its own, since a draft instance
+    holds the context cache of the engine last bound to it. ``on_draft(draft)`` sees each new draft."""
+    table = None
+    if table_path:
+        from dspark_core.table import load_table
+
+        table = load_table(table_path)
+    engines = {}
+    for label, (policy, options) in specs.items():
+        draft = None if policy == "none" else load_draft_model(draft_dtype=draft_dtype)
+        if draft is not None and on_draft is not None:
+            on_draft(draft)
+        engines[label] = make_engine(target, draft, policy=policy, policy_options=options, overlap=False,
+                                     table=table, **engine_kwargs)
+    return engines
+
+
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 

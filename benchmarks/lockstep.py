@@ -26,22 +26,10 @@ import json
 import time
 
 import torch
-from common import load_draft_model, load_models, make_engine, mtbench_chats, set_threads, write_results
+from common import load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
 
 from dspark_core.engine.request import SamplingParams
 from dspark_core.prompts import read_prompts_jsonl
-
-
-def policy_specs(widths: list[int], table_given: bool, variants: dict) -> dict[str, tuple[str, dict]]:
-    """Label → (policy, options): target-only, each fixed width, adaptive when a table prices it, and variants."""
-    specs = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
-    if table_given:
-        specs["adaptive"] = ("adaptive", {})
-        for label, (policy, options) in variants.items():
-            specs[label] = (policy, dict(options))
-    elif variants:
-        raise SystemExit("--variants need --table: an adaptive policy prices its steps with a cost table")
-    return specs
 
 
 def main() -> None:
@@ -70,24 +58,17 @@ def main() -> None:
     prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
     prompts = prompts[: args.limit] if args.limit else prompts
 
-    draft_dtype = getattr(torch, args.draft_dtype)
     target, _ = load_models(None)
-    table = None
-    if args.table:
-        from dspark_core.table import load_table
-
-        table = load_table(args.table)
+    engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
+                                   width=args.width, max_model_len=2048)
     params = SamplingParams(max_tokens=args.max_tokens)
-    engines, queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}, {}
+    queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}
     order: dict[str, dict[str, int]] = {label: {} for label in specs}  # request id → prompt index
-    for label, (policy, options) in specs.items():
-        draft = load_draft_model(draft_dtype=draft_dtype) if policy != "none" else None  # one per engine
-        engine = make_engine(target, draft, width=args.width, policy=policy,
-                             policy_options=options, overlap=False, max_model_len=2048, table=table)
+    for label, engine in engines.items():
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
         reports[label] = []
         engine.add_observer(reports[label].append)
-        engines[label], queues[label], live[label] = engine, list(enumerate(prompts)), 0
+        queues[label], live[label] = list(enumerate(prompts)), 0
         seconds[label], outputs[label] = 0.0, {}
     while any(queues[label] or live[label] for label in engines):
         for label, engine in engines.items():
@@ -105,13 +86,14 @@ def main() -> None:
                 live[label] -= 1
 
     reference = [outputs["none"][i] for i in range(len(prompts))]
+    reference_rate = sum(len(ids) for ids in reference) / seconds["none"]
     results = []
     for label in engines:
         tokens = sum(len(ids) for ids in outputs[label].values())
         steps = reports[label]
         row = {"policy": label, "tokens": tokens, "seconds": round(seconds[label], 2),
                "tokens_per_s": round(tokens / seconds[label], 2),
-               "vs_target_only": round(tokens / seconds[label] / (sum(len(i) for i in reference) / seconds["none"]), 3),
+               "vs_target_only": round(tokens / seconds[label] / reference_rate, 3),
                "decode_steps": len(steps),
                "rows_per_request": round(sum(r.target_rows for r in steps) / max(1, sum(r.live_requests for r in steps)), 2),
                "identical": [outputs[label][i] for i in range(len(prompts))] == reference}

@@ -23,7 +23,7 @@ import statistics
 import time
 
 import torch
-from common import load_draft_model, load_models, make_engine, mtbench_chats, set_threads, write_results
+from common import load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
 
 from dspark_core.engine.request import SamplingParams
 
@@ -60,23 +60,16 @@ def main() -> None:
     target, _ = load_models(None)
     spent: dict[str, float] = {}
     _timed(target, "forward", "target_ms", spent)
-    policies = {"none": ("none", {}), **{f"fixed-k{k}": ("fixed", {"k": k}) for k in widths}}
-    table = None
-    if args.table:
-        from dspark_core.table import load_table
+    policies = policy_specs(widths, args.table is not None)
 
-        table = load_table(args.table)
-        policies["adaptive"] = ("adaptive", {})
-    engines = {}
+    def timed_draft(draft) -> None:
+        _timed(draft, "propose", "propose_ms", spent)
+        _timed(draft, "extend_context", "context_ms", spent)
+
+    engines = side_by_side_engines(target, policies, table_path=args.table, draft_dtype=draft_dtype,
+                                   on_draft=timed_draft, max_model_len=2048)
     reports: dict[str, list] = {label: [] for label in policies}
-    for label, (policy, options) in policies.items():
-        draft = None
-        if policy != "none":  # one draft per engine: a draft instance holds its engine's draft context
-            draft = load_draft_model(draft_dtype=draft_dtype)
-            _timed(draft, "propose", "propose_ms", spent)
-            _timed(draft, "extend_context", "context_ms", spent)
-        engine = make_engine(target, draft, policy=policy, policy_options=options,
-                             overlap=False, max_model_len=2048, table=table)
+    for label, engine in engines.items():
         for chat in mtbench_chats(args.concurrency):
             engine.add_request(chat, SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
         warm: list = []  # prefill and three decode steps over the whole batch, not measured
@@ -85,7 +78,6 @@ def main() -> None:
             engine.step()
         engine.remove_observer(warm.append)
         engine.add_observer(reports[label].append)
-        engines[label] = engine
     samples: dict[str, dict[str, list[float]]] = {label: {} for label in policies}
     for _ in range(args.steps):
         for label, engine in engines.items():
@@ -105,7 +97,8 @@ def main() -> None:
                "tokens_per_s": round(sum(r.committed_tokens for r in done) / (1e-3 * sum(parts["step_ms"][:len(done)])), 2)}
         results.append(row)
         print(row)
-    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "concurrency": args.concurrency, "table": args.table, "draft_dtype": args.draft_dtype}, results)
+    write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "concurrency": args.concurrency,
+                                                "table": args.table, "draft_dtype": args.draft_dtype}, results)
 
 
 if __name__ == "__main__":
