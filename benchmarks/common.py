@@ -57,17 +57,22 @@ def policy_specs(widths, table_given: bool = False, variants: dict | None = None
 
 
 def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_path: str | None,
-                         draft_dtype: torch.dtype, on_draft=None, **engine_kwargs) -> dict[str, Engine]:
+                         draft_dtype: torch.dtype, on_draft=None, label_tables: dict[str, str] | None = None,
+                         **engine_kwargs) -> dict[str, Engine]:
     """One engine per policy of ``specs``, without schedule overlap (a step ends inside its own call), priced
-    by the table at ``table_path``; every drafting engine gets a draft of its own, since a draft instance
-    holds the context cache of the engine last bound to it. ``on_draft(draft)`` sees each new draft."""
-    table = None
-    if table_path:
-        from dspark_core.table import load_table
+    by the table at ``table_path`` (or, for a label of ``label_tables``, by the table at its path); every
+    drafting engine gets a draft of its own, since a draft instance holds the context cache of the engine
+    last bound to it. ``on_draft(draft)`` sees each new draft."""
+    from dspark_core.table import load_table
 
-        table = load_table(table_path)
+    table = load_table(table_path) if table_path else None
     engines = {}
     for label, (policy, options) in specs.items():
+        if label_tables and label in label_tables:
+            engines[label] = make_engine(target, load_draft_model(draft_dtype=draft_dtype), policy=policy,
+                                         policy_options=options, overlap=False,
+                                         table=load_table(label_tables[label]), **engine_kwargs)
+            continue
         draft = None if policy == "none" else load_draft_model(draft_dtype=draft_dtype)
         if draft is not None and on_draft is not None:
             on_draft(draft)

@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--table", default=None, help="A saved cost table (a bench's cost-table.json): adds `adaptive`.")
     parser.add_argument("--variants", default="{}",
                         help='JSON {"label": ["adaptive", {options}]}: more priced policies beside `adaptive`.')
+    parser.add_argument("--other_tables", default="{}",
+                        help='JSON {"label": "path"}: more `adaptive` engines, each priced by its own saved table.')
     parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=None)
@@ -53,14 +55,21 @@ def main() -> None:
         variants = json.loads(args.variants)
     except json.JSONDecodeError as exc:
         parser.error(f"--variants is not JSON: {exc}")
+    try:
+        other_tables = json.loads(args.other_tables)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--other_tables is not JSON: {exc}")
+    if other_tables and args.table is None:
+        parser.error("--other_tables needs --table (the tables are compared with `adaptive`'s)")
     set_threads(args.threads)
     specs = policy_specs([int(k) for k in args.widths.split(",") if k], args.table is not None, variants)
+    specs.update({label: ("adaptive", {}) for label in other_tables})
     prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
     prompts = prompts[: args.limit] if args.limit else prompts
 
     target, _ = load_models(None)
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
-                                   width=args.width, max_model_len=2048)
+                                   label_tables=other_tables, width=args.width, max_model_len=2048)
     params = SamplingParams(max_tokens=args.max_tokens)
     queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}
     order: dict[str, dict[str, int]] = {label: {} for label in specs}  # request id → prompt index
@@ -101,7 +110,7 @@ def main() -> None:
         print(row, flush=True)
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants,
+        "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
         "threads": args.threads, "draft_dtype": args.draft_dtype}, results)
 
 

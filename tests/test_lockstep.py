@@ -27,12 +27,13 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "6", "--widths", "1,3",
                       "--table", str(TABLE), "--variants", '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}',
-                      "--threads", "1", "--output", str(out))
+                      "--other_tables", json.dumps({"adaptive-t2": str(TABLE)}), "--threads", "1", "--output", str(out))
     assert proc.returncode == 0, proc.stderr
     saved = json.loads(out.read_text())
     rows = {row["policy"]: row for row in saved["results"]}
-    assert list(rows) == ["none", "fixed-k1", "fixed-k3", "adaptive", "adaptive-m0"]
+    assert list(rows) == ["none", "fixed-k1", "fixed-k3", "adaptive", "adaptive-m0", "adaptive-t2"]
     assert saved["meta"]["count"] == 3 and saved["meta"]["concurrency"] == 2
+    assert saved["meta"]["other_tables"] == {"adaptive-t2": str(TABLE)}
     for row in rows.values():
         assert row["identical"], row  # greedy speculative output equals target-only, prompt by prompt
         assert row["tokens"] == rows["none"]["tokens"] > 0
@@ -46,6 +47,8 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
     (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
     (["--variants", "{not json"], "--variants is not JSON"),
     (["--variants", '{"a": ["adaptive", {}]}'], "--variants need --table"),
+    (["--other_tables", "{not json"], "--other_tables is not JSON"),
+    (["--other_tables", '{"a": "table.json"}'], "--other_tables needs --table"),
 ])
 def test_bad_arguments_are_refused_before_any_model_loads(args, message):
     proc = run_script(*args)
