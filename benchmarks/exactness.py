@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--tie_margin", type=float, default=TIE_MARGIN,
                         help="Largest top-2 logit gap counted as a near-tie.")
+    parser.add_argument("--device", default="auto", help="Device plugin, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--output", default=None, help="Write the JSON result here too.")
@@ -58,7 +59,8 @@ def main() -> int:
     chats = [[{"role": "user", "content": q}] for q in mtbench_first_turns()[: args.prompts]]
     engine = _engine(argparse.Namespace(model=args.model, draft_model=args.draft_model, num_speculative_tokens=width,
                                         captured_target_rows=args.captured_target_rows, calibration=args.calibration,
-                                        cost_table=args.cost_table, dtype=args.dtype, json=True))
+                                        cost_table=args.cost_table, dtype=args.dtype, device=args.device,
+                                        json=True))
     target = engine.runner.target
     prompts = [engine.encode(c) for c in chats]
     started = time.perf_counter()

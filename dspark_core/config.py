@@ -46,7 +46,7 @@ class ServeConfig:
     model_impl: str = flag("python", "Model implementation; dspark-core runs its own PyTorch (`python`) models.", choices=["python"], group="model")
     npu_kernel_backend: str = flag("TORCH", "Kernel backend on Ascend NPUs; `TORCH` uses torch ops supported by torch_npu.", choices=["TORCH"], group="model")
     device: str = flag("auto", "Device plugin to run on (`auto` picks cuda, then npu, then cpu).", group="model")
-    dtype: str = flag("auto", "Compute dtype (`auto`: float32 on CPU, bfloat16 on accelerators).", choices=["auto", "float32", "bfloat16", "float16"], group="model")
+    dtype: str = flag("auto", "Compute dtype (`auto`: the device's default: float32 on CPU and CUDA, where greedy output must match target-only decoding token for token; bfloat16 on NPU).", choices=["auto", "float32", "bfloat16", "float16"], group="model")
     draft_dtype: str = flag("auto", "Draft compute dtype (`auto`: the device's draft default, bfloat16 on CPUs with native bfloat16 products, else the resolved --dtype). The draft only proposes tokens and the target verifies them, so this never changes the output, only how fast proposals come and how often they are accepted.", choices=["auto", "float32", "bfloat16", "float16"], group="model")
     cpu_threads: int = flag(1, "Torch intra-op threads on the CPU device (0 = torch's default). One thread leaves a core for the host side of the pipeline and avoids thread-barrier stalls on small steps.", group="model")
     max_model_len: int = flag(4096, "KV cache length per request (capped by the model's context limit).", group="model")

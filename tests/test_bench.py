@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, top2_after
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
@@ -29,7 +30,7 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
                  f"--prompts={prompts}", "--concurrency=1,4", "--prompts_per_concurrency=1,4", "--max_tokens=6",
-                 "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json",
+                 "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json", "--device=cpu",
                  '--policy_variants={"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}'])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
@@ -280,3 +281,11 @@ def test_bench_refuses_bad_variants_before_loading_anything(tmp_path):
         main(["bench", f"--model={tmp_path / 'missing.gguf'}", '--policy_variants={"x": ["nope", {}]}'])
     with pytest.raises(SystemExit, match="needs the in-process engine"):
         main(["bench", "--url=http://127.0.0.1:9", '--policy_variants={"m0": ["adaptive", {}]}'])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without CUDA")
+def test_bench_device_flag_reaches_the_launch_and_fails_clearly_without_cuda(tmp_path, capsys):
+    # the device is resolved before the model is read: the error names the device, not the missing file
+    code = main(["bench", f"--model={tmp_path / 'missing.gguf'}", "--device=cuda"])
+    assert code == 2
+    assert "device=cuda: this PyTorch build sees no CUDA device" in capsys.readouterr().err

@@ -18,7 +18,7 @@ import torch
 
 from dspark_core.components import Component
 from dspark_core.config import parse_serve_args
-from dspark_core.device import DeviceSpec, import_runtime
+from dspark_core.device import DeviceSpec, import_runtime, resolve_draft_dtype, resolve_dtype
 from dspark_core.distributed.launch import shard_target
 from dspark_core.errors import ConfigError, TableError
 from dspark_core.geometry import legal_tiers
@@ -92,6 +92,30 @@ def test_the_cpu_device_applies_cpu_threads(monkeypatch):
     cpu.prepare_launch(parse_serve_args(["--model=m"]))  # the flag's default, 1
     assert calls == [3, 1]
     DeviceSpec("plain", "cpu", "float32", "static", "gloo").prepare_launch(None)  # the base spec does nothing
+
+
+def test_the_cuda_device_defaults_to_exact_float32_and_turns_tf32_off(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"device=cuda: this PyTorch build sees no CUDA device"):
+        default_hooks().device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    cuda = default_hooks().device("cuda")
+    assert (cuda.description, cuda.default_graph_backend) == ("NVIDIA H200", "cudagraph")
+    # greedy exactness by default: float32 for target and draft; bfloat16 only when asked for
+    assert resolve_dtype("auto", cuda) == "float32" and resolve_draft_dtype("auto", cuda, "float32") == "float32"
+    assert resolve_dtype("bfloat16", cuda) == "bfloat16"
+    # process-wide switches (handled by __getattr__, which monkeypatch cannot restore): saved by hand
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+        cuda.prepare_launch(parse_serve_args(["--model=m"]))
+        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
 
 
 def test_the_npu_device_reports_its_environment_at_launch(monkeypatch):

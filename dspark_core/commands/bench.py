@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in the package for the width (K=5 or 7).")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
+    parser.add_argument("--device", default="auto",
+                        help="Device plugin of the in-process engine, as for `serve` (`auto`: cuda, then npu, then cpu).")
+    parser.add_argument("--python_graph_backend", default="auto",
+                        help="Graph backend of the in-process engine, as for `serve` (`auto`: the device's default).")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="Compute dtype of the in-process engine, as for `serve`.")
     parser.add_argument("--draft_dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -66,7 +70,8 @@ def _engine(args: argparse.Namespace):
     flags = [f"--model={args.model}", f"--draft_model={args.draft_model}",
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
              f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
-             f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}"]
+             f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
+             f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}"]
     calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
                  else f"--adaptive_dspark_calibration={calibration}")
