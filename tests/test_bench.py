@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, top2_after
+from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, hold_top_two, tie_margin_for, top2_after
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
 from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
@@ -237,6 +237,18 @@ def test_exactness_classifier_tells_near_ties_from_real_differences():
     summary = compare(target, [prompt] * 3, [reference] * 3, [reference, runner_up, reference[:4]], tie_margin=gap)
     assert (summary["identical"], summary["near_tie"], summary["real"]) == (1, 1, 1)
     assert summary["matching_prefix_tokens"] == 6 + 3 + 4
+
+
+def test_exact_ties_count_as_the_two_best_and_margins_follow_the_dtype():
+    # bfloat16 logits are coarse: three tokens may share the best value, and any two of them are a tie
+    logits = torch.tensor([1.0, 4.0, 4.0, 4.0, 3.5])
+    assert hold_top_two(logits, 1, 3) == (True, 0.0) and hold_top_two(logits, 3, 2)[0]
+    assert not hold_top_two(logits, 1, 4)[0] and not hold_top_two(logits, 1, 1)[0]  # below the two best; same token
+    distinct = torch.tensor([1.0, 4.0, 3.75, 3.5])
+    assert hold_top_two(distinct, 2, 1) == (True, 0.25) and not hold_top_two(distinct, 1, 3)[0]
+    assert not hold_top_two(distinct, 1, None)[0]  # an output that ended
+    assert tie_margin_for("float32") == TIE_MARGIN and tie_margin_for("bfloat16") == 0.25
+    assert tie_margin_for("float8") == TIE_MARGIN  # none stated: float32's, the strict one
 
 
 def test_policy_list_accepts_single_fixed_widths():

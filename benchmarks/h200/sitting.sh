@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One device sitting for issue 17, prepared on the CPU: environment, exactness in float32 (the CUDA
+# default), the K=7 bench at concurrency 1/4/16/64, the step-time breakdown, and bfloat16 divergences
+# classified. Every part has its own time limit and writes under $OUT as it finishes, so a hang or a
+# crash in one part still returns the others and the log.
+#
+# On the device (after ../shared/gpu/stage.sh and the model-part calls; see ../shared/gpu/README.md):
+#     bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
+# One device command may run 10 minutes at most: if the parts do not fit one call, name them per call,
+#     PARTS=env,exactness-float32,bench-k7 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
+#     PARTS=step-profile,exactness-bfloat16 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
+# (step-profile reuses the bench's cost table when the same OUT still holds it).
+# A dry run here on the CPU with tiny sizes (what to run before spending device time):
+#     DEVICE=cpu PROMPTS_FILE=prompts.jsonl N=2 TOKENS=8 CONCURRENCY=1,2 PER_CONCURRENCY=2,2 CALIBRATION=demo \
+#         MAX_SEQS=16 PAIRS=none:1,fixed-k7:2 STEPS=4 CLI=.venv/bin/dspark-core PY=.venv/bin/python \
+#         OUT=/tmp/sitting bash benchmarks/h200/sitting.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-sitting}
+DEVICE=${DEVICE:-cuda}
+PROMPTS_FILE=${PROMPTS_FILE:-${DSPARK_PROMPTS:-}}
+N=${N:-80}
+TOKENS=${TOKENS:-128}
+CONCURRENCY=${CONCURRENCY:-1,4,16,64}
+PER_CONCURRENCY=${PER_CONCURRENCY:-8,16,64,80}
+PAIRS=${PAIRS:-none:1,fixed-k7:1,none:16,fixed-k7:16,adaptive:16}
+STEPS=${STEPS:-50}
+CALIBRATION=${CALIBRATION:-$(cd "$(dirname "$0")" && pwd)/calibration-k7.json}
+MAX_SEQS=${MAX_SEQS:-64}
+PARTS=${PARTS:-env,exactness-float32,bench-k7,step-profile,exactness-bfloat16}
+CLI=${CLI:-dspark-core}
+PY=${PY:-python3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+if [ -z "$PROMPTS_FILE" ]; then echo "no prompts: set PROMPTS_FILE (dev.sh sets DSPARK_PROMPTS)" | tee -a "$LOG"; exit 2; fi
+
+part() {  # part NAME SECONDS COMMAND...: run with a limit (if NAME is in PARTS), log its tail and exit status
+  local name=$1 limit=$2 started rc
+  shift 2
+  case ",$PARTS," in *",$name,"*) ;; *) return 0 ;; esac
+  started=$(date +%s)
+  echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
+  timeout "$limit" "$@" > "$OUT/$name.out" 2>&1
+  rc=$?
+  tail -n 25 "$OUT/$name.out" | tee -a "$LOG"
+  echo "== $name: exit $rc after $(( $(date +%s) - started )) s" | tee -a "$LOG"
+}
+
+part env 60 "$PY" - "$DEVICE" <<'PY'
+import json, subprocess, sys
+import torch
+device = sys.argv[1]
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": device,
+        "cuda_available": torch.cuda.is_available(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+try:
+    info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20).stdout.strip()
+except (OSError, subprocess.SubprocessError):
+    info["driver"] = None
+print(json.dumps(info))
+PY
+[ -f "$OUT/env.out" ] && cp "$OUT/env.out" "$OUT/env.json"
+
+# float32 (the CUDA default): every policy must equal target-only greedy; exit 1 on a real difference
+part exactness-float32 240 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dtype auto \
+    --prompts_file "$PROMPTS_FILE" --prompts "$N" --max_tokens "$TOKENS" --concurrency 16 \
+    --policies none,fixed-k1,fixed-k3,fixed-k7,adaptive --output "$OUT/exactness-float32.json"
+
+part bench-k7 270 "$CLI" bench --device="$DEVICE" --calibration="$CALIBRATION" --max_seqs_per_batch="$MAX_SEQS" \
+    --prompts="$PROMPTS_FILE" --concurrency="$CONCURRENCY" --prompts_per_concurrency="$PER_CONCURRENCY" \
+    --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --json
+
+TABLE=()
+[ -f "$OUT/bench-k7/cost-table.json" ] && TABLE=(--cost_table "$OUT/bench-k7/cost-table.json")
+part step-profile 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \
+    --prompts_file "$PROMPTS_FILE" --pairs "$PAIRS" --steps "$STEPS" --output "$OUT/step-profile.json"
+
+# the opt-in fast mode: differences are expected at near-ties; each is classified by the target's top-2 gap
+part exactness-bfloat16 150 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dtype bfloat16 \
+    --prompts_file "$PROMPTS_FILE" --prompts "$(( N < 16 ? N : 16 ))" --max_tokens "$TOKENS" --concurrency 16 \
+    --policies none,fixed-k3,adaptive --output "$OUT/exactness-bfloat16.json"
+
+echo "== done; results under $OUT" | tee -a "$LOG"

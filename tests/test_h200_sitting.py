@@ -1,0 +1,66 @@
+"""The device sitting's scripts (benchmarks/h200/), run here on the CPU with tiny models: they must
+fail on nothing but the GPU when a device is lent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from checkpoint_support import write_tiny_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_step_profile_times_every_pair_and_writes_the_profile(tmp_path):
+    target, draft = write_tiny_pair(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["the", "he the", "t"]))
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"request_buckets": [1, 2, 4], "contexts": [
+        {"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 120}],
+        "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}))
+    out = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "h200" / "step_profile.py"), "--device", "cpu",
+                           f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
+                           f"--calibration={cal}", "--max_seqs_per_batch=4", f"--prompts_file={prompts}",
+                           "--pairs", "fixed-k5:2,none:1,adaptive:4", "--warmup", "2", "--steps", "5",
+                           "--output", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads(out.read_text())
+    rows = [(r["policy"], r["concurrency"], r["steps"]) for r in saved["results"]]
+    assert rows == [("fixed-k5", 2, 5), ("none", 1, 5), ("adaptive", 4, 5)]
+    assert all(r["step_ms_median"] > 0 for r in saved["results"]) and saved["meta"]["device"] == "cpu"
+    # profiled without overlap, so the step's own operators (the target's linear layers) are in the table
+    assert "aten::linear" in out.with_suffix(".txt").read_text()
+
+
+def test_step_profile_refuses_pairs_above_the_largest_bucket(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "h200" / "step_profile.py"),
+                           "--prompts_file", "x.jsonl", "--pairs", "none:32", "--output", str(tmp_path / "o.json")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "above --max_seqs_per_batch=16" in proc.stderr
+
+
+def test_the_sitting_script_is_valid_bash_and_names_its_parts():
+    script = ROOT / "benchmarks" / "h200" / "sitting.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    for part in ("env", "exactness-float32", "bench-k7", "step-profile", "exactness-bfloat16"):
+        assert f"part {part} " in text and part in text.split("PARTS=${PARTS:-")[1].split("}")[0]
+
+
+def test_the_device_calibration_file_is_valid_up_to_64_requests():
+    from dspark_core.calibration.plan import read_calibration_file, resolve_plan
+    from dspark_core.geometry import Geometry
+    from dspark_core.plugins import default_hooks
+
+    geometry = Geometry.bucket_multiples(7, (1, 2, 4, 8, 16, 32, 64))
+    plan = resolve_plan(7, geometry, 2048, read_calibration_file(str(ROOT / "benchmarks" / "h200" / "calibration-k7.json")),
+                        lambda name: getattr(default_hooks().cost_model(name), "check_grid", None))
+    assert plan.settings.request_buckets == (1, 2, 4, 8, 16, 32, 64)
+    assert {p.request_bucket for p in plan.points if p.draft_off} == set(plan.settings.request_buckets)
