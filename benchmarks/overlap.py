@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from common import load_models, make_engine, mtbench_chats, set_threads
+from common import load_draft_model, load_models, make_engine, mtbench_chats, set_threads
 
 from dspark_core.engine.request import SamplingParams
 
@@ -35,17 +35,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     set_threads(args.threads)
-    target, draft = load_models(args.draft_model)
-    engines = {overlap: make_engine(target, draft, policy="fixed", overlap=overlap) for overlap in (False, True)}
-    # both engines share the draft object: each run re-prefills, which rewrites the draft context it needs
+    target, _ = load_models(None)
+    # one draft instance per engine: a draft holds the context cache of one engine
+    engines = {overlap: make_engine(target, load_draft_model(args.draft_model), policy="fixed", overlap=overlap)
+               for overlap in (False, True)}
     results = {}
     for concurrency, count in ((1, 4), (16, 16)):
         prompts = mtbench_chats(count)
         rates = {False: [], True: []}
         for r in range(args.rounds):
             for overlap in ((False, True) if r % 2 == 0 else (True, False)):
-                engines[overlap].runner.draft.allocate_context(engines[overlap].runner.num_slots + 1,
-                                                               engines[overlap].runner.max_len)
                 rate, _ = throughput(engines[overlap], prompts, concurrency, args.max_tokens)
                 rates[overlap].append(rate)
         on, off = sum(rates[True]) / len(rates[True]), sum(rates[False]) / len(rates[False])

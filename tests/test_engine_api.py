@@ -14,7 +14,7 @@ import pytest
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.pipeline import DeviceQueue
 from dspark_core.engine.request import SamplingParams
-from dspark_core.errors import ConfigError
+from dspark_core.errors import ConfigError, ModelError
 from dspark_core.plugins import default_hooks
 from engine_support import random_prompts, synthetic_table, tiny_pair
 
@@ -68,6 +68,25 @@ def test_replace_queue_routes_device_work_through_the_new_queue(models):
     assert [len(o.token_ids) for o in out] == [6, 6]
     assert calls[0] == "prefill" and "decode" in calls
     engine.close()
+
+
+def test_an_engine_whose_draft_was_bound_to_a_later_engine_refuses_to_propose(models):
+    target, draft = models
+    prompts = random_prompts(2, seed=7)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    first = _engine(models)
+    assert [len(o.token_ids) for o in first.generate(prompts, params)] == [6, 6]
+    second = _engine(models)  # the same draft instance: it now holds the second engine's context cache
+    assert [len(o.token_ids) for o in second.generate(prompts, params)] == [6, 6]
+    with pytest.raises(ModelError, match="bound to another engine built after it.*one draft instance per engine"):
+        first.generate(prompts, params)
+    first.close()
+    # an engine without a draft is not affected, and one built later on the same draft works
+    assert len(_engine(models, policy="none", draft=False).generate(prompts[:1], params)[0].token_ids) == 6
+    second.close()
+    third = _engine(models)
+    assert [len(o.token_ids) for o in third.generate(prompts, params)] == [6, 6]
+    third.close()
 
 
 def test_no_caller_outside_the_engine_touches_its_private_members():

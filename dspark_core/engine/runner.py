@@ -6,13 +6,14 @@ decides what to run, :mod:`dspark_core.engine.step` decides in which order.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from dspark_core.engine.draft_context import DraftContextQueue
-from dspark_core.errors import ConfigError
+from dspark_core.errors import ConfigError, ModelError
 from dspark_core.geometry import Geometry
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
@@ -22,6 +23,11 @@ from dspark_kernels.pack import PackedRows
 # most target rows queued for the draft's context before they are written anyway (bounds the
 # memory a long draft-off stretch holds: 4096 rows of SmolLM2's three 576-wide layers are 28 MB)
 PENDING_CONTEXT_ROWS = 4096
+
+# The runner each draft instance serves. A draft holds one context cache, the one its last runner
+# allocated; an earlier runner that kept using it would write and read another engine's context
+# (still exact, since the target verifies, but proposals from the wrong context are rarely accepted).
+_DRAFT_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ModelRunner:
@@ -49,6 +55,10 @@ class ModelRunner:
                 )
             draft.bind_target(target)
             draft.allocate_context(num_slots + 1, max_len)
+            try:
+                _DRAFT_OWNERS[draft] = weakref.ref(self)
+            except TypeError:  # a draft object that takes no weak references goes unguarded
+                pass
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
             self.draft_context = DraftContextQueue(draft, num_slots=num_slots, max_len=max_len,
                                                    scratch_slot=self.scratch_slot, max_rows=PENDING_CONTEXT_ROWS)
@@ -72,7 +82,18 @@ class ModelRunner:
     def flush_draft_context(self) -> None:
         """Write every queued row into the draft's context cache (the runner does it before proposing)."""
         if self.draft_context is not None:
+            self._check_draft_owner()
             self.draft_context.flush()
+
+    def _check_draft_owner(self) -> None:
+        try:
+            owner = _DRAFT_OWNERS.get(self.draft)
+        except TypeError:
+            return  # not weak-referenceable: never registered
+        if owner is not None and owner() is not self:
+            raise ModelError("this engine's draft instance was bound to another engine built after it: a draft "
+                             "holds the context cache of the last engine built with it, so this engine would "
+                             "propose from that engine's context; load one draft instance per engine")
 
     def release_draft_context(self, slot: int) -> None:
         """The request in ``slot`` ended: its queued rows need not be written."""
