@@ -28,11 +28,14 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
         {"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 120}],
         "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}))
     out = tmp_path / "out"
-    code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
+    threads = torch.get_num_threads()
+    code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5", "--cpu_threads=3",
                  f"--prompts={prompts}", "--concurrency=1,4", "--prompts_per_concurrency=1,4", "--max_tokens=6",
                  "--rounds=3", f"--calibration={cal}", f"--output_dir={out}", "--json", "--device=cpu",
                  '--policy_variants={"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}'])
     assert code == 0
+    assert torch.get_num_threads() == 3  # --cpu_threads reached the CPU device's launch
+    torch.set_num_threads(threads)
     result = json.loads(capsys.readouterr().out)
     assert result["exactness"]["identical"] and result["exactness"]["checked_prompts"] == 5
     rows = result["results"]

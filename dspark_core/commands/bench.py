@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Device plugin of the in-process engine, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--python_graph_backend", default="auto",
                         help="Graph backend of the in-process engine, as for `serve` (`auto`: the device's default).")
+    parser.add_argument("--cpu_threads", type=int, default=1,
+                        help="Torch intra-op threads of the in-process engine on the CPU device, as for `serve` "
+                             "(0: PyTorch's default).")
     parser.add_argument("--max_seqs_per_batch", type=int, default=16,
                         help="Largest request bucket of the in-process engine (captured up to it; a concurrency "
                              "above it queues the rest). Raise it with a calibration file covering the new buckets.")
@@ -75,6 +78,7 @@ def _engine(args: argparse.Namespace):
              f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}"]
+    flags.append(f"--cpu_threads={getattr(args, 'cpu_threads', 1)}")
     largest = getattr(args, "max_seqs_per_batch", 16)
     flags += [f"--max_seqs_per_batch={largest}", f"--acl_graph_decode_batch_size_limit={largest}"]
     calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
