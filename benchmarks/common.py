@@ -68,16 +68,12 @@ def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_pa
     table = load_table(table_path) if table_path else None
     engines = {}
     for label, (policy, options) in specs.items():
-        if label_tables and label in label_tables:
-            engines[label] = make_engine(target, load_draft_model(draft_dtype=draft_dtype), policy=policy,
-                                         policy_options=options, overlap=False,
-                                         table=load_table(label_tables[label]), **engine_kwargs)
-            continue
         draft = None if policy == "none" else load_draft_model(draft_dtype=draft_dtype)
         if draft is not None and on_draft is not None:
             on_draft(draft)
+        own_table = load_table(label_tables[label]) if label_tables and label in label_tables else table
         engines[label] = make_engine(target, draft, policy=policy, policy_options=options, overlap=False,
-                                     table=table, **engine_kwargs)
+                                     table=own_table, **engine_kwargs)
     return engines
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, hold_top_two, tie_margin_for, top2_after
+from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, hold_top_two, next_logits, tie_margin_for
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
 from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
@@ -224,7 +224,8 @@ def test_exactness_classifier_tells_near_ties_from_real_differences():
     prompt = [5, 9, 17, 2]
     reference = greedy_generate(target, prompt, 6, eos_token_ids=())
     assert classify(target, 0, prompt, reference, reference) is None
-    (best, second), gap = top2_after(target, prompt + reference[:3])
+    values, indices = next_logits(target, prompt + reference[:3]).topk(2)
+    (best, second), gap = indices.tolist(), float(values[0] - values[1])
     assert best == reference[3] and gap > 0
     runner_up = reference[:3] + [second, 1, 2]
     found = classify(target, 0, prompt, reference, runner_up)

@@ -25,6 +25,7 @@ import torch
 from dspark_core.commands.bench import _engine, _policies
 from dspark_core.engine.pipeline import DeviceQueue
 from dspark_core.engine.request import SamplingParams
+from dspark_core.geometry import kv_reserve
 from dspark_core.prompts import read_prompts_jsonl
 
 
@@ -46,7 +47,7 @@ def synchronize(device: str) -> None:
 
 def time_steps(engine, prompts, concurrency: int, warmup: int, steps: int) -> list[float]:
     """Wall seconds of ``steps`` steady-state ``step()`` calls with ``concurrency`` live requests."""
-    room = engine.max_model_len - max(len(engine.encode(p)) for p in prompts[:concurrency]) - 2 * (engine.config.draft_width + 1)
+    room = engine.max_model_len - max(len(engine.encode(p)) for p in prompts[:concurrency]) - kv_reserve(engine.config.draft_width)
     params = SamplingParams(max_tokens=max(1, room), ignore_eos=True)
     requests = [engine.add_request(prompts[i % len(prompts)], params) for i in range(concurrency)]
     durations = []

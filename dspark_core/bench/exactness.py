@@ -79,12 +79,6 @@ def next_logits(target, tokens: Sequence[int]) -> torch.Tensor:
     return logits[-1].float()
 
 
-def top2_after(target, tokens: Sequence[int]) -> tuple[tuple[int, int], float]:
-    """The target's two best next tokens after ``tokens`` and their logit gap (cache-free forward)."""
-    values, indices = next_logits(target, tokens).topk(2)
-    return (int(indices[0]), int(indices[1])), float(values[0] - values[1])
-
-
 def hold_top_two(logits: torch.Tensor, a: int | None, b: int | None) -> tuple[bool, float]:
     """Whether tokens ``a`` and ``b`` (distinct) hold the two best values of ``logits``, and the gap
     between those two values. With exact ties (frequent in bfloat16, whose logits are coarse) more

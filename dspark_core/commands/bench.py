@@ -77,9 +77,9 @@ def _engine(args: argparse.Namespace):
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
              f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
-             f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}"]
-    flags.append(f"--cpu_threads={getattr(args, 'cpu_threads', 1)}")
-    largest = getattr(args, "max_seqs_per_batch", 16)
+             f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
+             f"--cpu_threads={getattr(args, 'cpu_threads', 1)}"]
+    largest = getattr(args, "max_seqs_per_batch", 16)  # the captured request buckets end there too
     flags += [f"--max_seqs_per_batch={largest}", f"--acl_graph_decode_batch_size_limit={largest}"]
     calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table

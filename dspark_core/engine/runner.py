@@ -47,6 +47,7 @@ class ModelRunner:
         self.target_cache = target.new_cache(num_slots + 1, max_len)
         self.hidden_layers: tuple[int, ...] = ()
         self.draft_context: DraftContextQueue | None = None  # target rows waiting for the draft's context
+        self._draft_guarded = False  # registered as the draft's owner (see _DRAFT_OWNERS)
         if draft is not None:
             available = draft.config.num_speculative_tokens
             if draft_width > available:
@@ -57,6 +58,7 @@ class ModelRunner:
             draft.allocate_context(num_slots + 1, max_len)
             try:
                 _DRAFT_OWNERS[draft] = weakref.ref(self)
+                self._draft_guarded = True
             except TypeError:  # a draft object that takes no weak references goes unguarded
                 pass
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
@@ -86,11 +88,7 @@ class ModelRunner:
             self.draft_context.flush()
 
     def _check_draft_owner(self) -> None:
-        try:
-            owner = _DRAFT_OWNERS.get(self.draft)
-        except TypeError:
-            return  # not weak-referenceable: never registered
-        if owner is not None and owner() is not self:
+        if self._draft_guarded and _DRAFT_OWNERS[self.draft]() is not self:
             raise ModelError("this engine's draft instance was bound to another engine built after it: a draft "
                              "holds the context cache of the last engine built with it, so this engine would "
                              "propose from that engine's context; load one draft instance per engine")
