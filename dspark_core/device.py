@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import torch
 from attrs import frozen
 
 from dspark_core.errors import ConfigError
@@ -55,3 +58,26 @@ def resolve_draft_dtype(requested: str, device: DeviceSpec, target_dtype: str) -
     if requested != "auto":
         return requested
     return device.default_draft_dtype or target_dtype
+
+
+def stages_through_pinned_memory(device: torch.device | str) -> bool:
+    """True where a host-to-device copy from ordinary (pageable) memory makes the host wait.
+
+    On CUDA such a copy returns only once the stream has run everything queued before it, which
+    would make the host building step t+1 wait for step t (schedule overlap lost). A copy from
+    pinned memory with ``non_blocking=True`` is queued behind that work instead.
+    """
+    return torch.device(device).type == "cuda"
+
+
+def host_to_device(values: Sequence[int] | np.ndarray, device: torch.device | str,
+                   dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A tensor of host values on ``device``, copied without making the host wait where that matters.
+
+    Through pinned memory and a non-blocking copy on CUDA (PyTorch's pinned-memory cache keeps
+    the host block until the copy has run); a plain copy elsewhere.
+    """
+    host = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if stages_through_pinned_memory(device):
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)

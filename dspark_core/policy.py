@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from attrs import frozen
 
+from dspark_core.device import host_to_device
 from dspark_core.geometry import full_width_rows
 
 if TYPE_CHECKING:
@@ -180,6 +181,6 @@ def allocate_split(kernels: KernelSet, confidences: torch.Tensor, caps: torch.Te
     """Default split: host-fixed lengths when the choice has them, else the allocate kernel over
     the wanted draft rows (by default all of the tier's, so padding is spent on real tokens)."""
     if choice.lengths is not None:
-        return torch.minimum(torch.tensor(choice.lengths, dtype=torch.int64, device=caps.device), caps)
+        return torch.minimum(host_to_device(choice.lengths, caps.device), caps)
     rows = choice.rows - request_bucket if choice.draft_rows is None else choice.draft_rows
     return kernels.allocate(confidences, caps, rows)

@@ -9,6 +9,11 @@ reach the dispatcher, on a device each is a device-to-host copy). Each read is
 reported with the innermost dspark_core / dspark_kernels / dspark_plugins
 function that made it.
 
+``device_ops_outside_replays()`` records the aten ops of the current thread
+that run outside any replay of a :class:`StandInCapturedBackend` (what a step
+still launches one by one from Python on a device), each with the project
+functions on the stack when it ran.
+
 ``StandInCapturedBackend`` is a :class:`CapturedGraphBackend` whose device
 graph API is replaced by no-ops: keys are "captured" in static-shape mode on
 static input buffers, and a replay re-runs the recorded function in
@@ -98,6 +103,35 @@ def host_reads():
         _active.recorder = None
 
 
+def _project_frames() -> frozenset[str]:
+    """``path:function`` of every project frame on the stack."""
+    frames = set()
+    for frame in traceback.extract_stack()[:-2]:
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
+            frames.add(f"{path.relative_to(ROOT).as_posix()}:{frame.name}")
+    return frozenset(frames)
+
+
+class _OutsideReplays(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, frozenset[str]]] = []  # (aten op, project frames on the stack)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not getattr(_active, "replaying", False):
+            self.ops.append((func.overloadpacket.__name__, _project_frames()))
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def device_ops_outside_replays():
+    """Record this thread's aten ops that run outside stand-in graph replays; yields the recorder (``.ops``)."""
+    recorder = _OutsideReplays()
+    with recorder:
+        yield recorder
+
+
 class _NoOp:
     def __init__(self, *args) -> None:
         pass
@@ -121,8 +155,12 @@ class StandInCapturedBackend(CapturedGraphBackend):
         return GraphApi(_NoOp, _NoOp, _NoOp, _NoOp, _NoOp)
 
     def _replay(self, key, prepared):
-        with static_shapes():
-            fresh = self._fns[key](**prepared.inputs)
-        for out, new in zip(prepared.outputs, fresh, strict=True):
-            out.copy_(new)
+        _active.replaying = True
+        try:
+            with static_shapes():
+                fresh = self._fns[key](**prepared.inputs)
+            for out, new in zip(prepared.outputs, fresh, strict=True):
+                out.copy_(new)
+        finally:
+            _active.replaying = False
         return prepared.outputs

@@ -5,7 +5,7 @@ captured graph it is not allowed at all. The step may read the device in
 exactly these places, all of them the step's results or the policy's own
 decision inputs:
 
-* ``collect``: the one copy of the step's results (tokens, lengths, confidences);
+* ``collect``: the one copy of the step's results (tokens, lengths, confidences in one tensor);
 * ``select_budget`` when ``tier_lag`` is 0 (the default ``adaptive``, and ``fixed``):
   the tier is chosen on the host from this step's own confidences, so they are
   copied back between the proposal and the verify forward. This cannot go
@@ -24,14 +24,16 @@ turns on.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from dspark_core.device import host_to_device, stages_through_pinned_memory
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams
 from dspark_core.models.layers import RowLayout
 from dspark_kernels.accept_commit import Acceptance, commit_tokens
-from capture_support import StandInCapturedBackend, host_reads
+from capture_support import StandInCapturedBackend, device_ops_outside_replays, host_reads
 from engine_support import greedy_references, random_prompts, synthetic_table, tiny_pair
 
 WIDTH = 5
@@ -39,7 +41,8 @@ BUCKETS = (1, 2, 4)
 MAX_TOKENS = 12
 
 STEP = "dspark_core/engine/step.py"
-COLLECT = {("tolist", f"{STEP}:collect"), ("cpu", f"{STEP}:collect"), ("numpy", f"{STEP}:collect")}
+# one copy: every result column goes back in one tensor
+COLLECT = {("cpu", f"{STEP}:collect"), ("numpy", f"{STEP}:collect")}
 TIER_ON_OWN_CONFIDENCES = {("cpu", f"{STEP}:select_budget"), ("numpy", f"{STEP}:select_budget")}
 EARLY_PROPOSAL_COPY = {("cpu", f"{STEP}:propose"), ("numpy", f"{STEP}:propose")}
 # made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the batch
@@ -76,12 +79,16 @@ def recorded_run(models, prompts, references, policy, options, *, overlap, captu
         engine.warmup()
         engine.mark_ready()
     reads: set[tuple[str, str]] = set()
+    engine.result_copies = 0  # the collect stage's device-to-host copies, over all steps
+    engine.outside_replays = []  # (aten op, project frames) of device work outside graph replays
     device_decode = engine.decode_on_device
 
     def recorded(step):
-        with host_reads() as recorder:
+        with host_reads() as recorder, device_ops_outside_replays() as outside:
             result = device_decode(step)
         reads.update(recorder.reads)
+        engine.result_copies += recorder.reads.count(("cpu", f"{STEP}:collect"))
+        engine.outside_replays += outside.ops
         return result
 
     engine.decode_on_device = recorded
@@ -106,8 +113,33 @@ CASES = [  # policy, options, overlap, reads allowed besides the result copy
                          ids=[f"{c[0]}-lag{c[1].get('tier_lag', 0)}-{'overlap' if c[2] else 'sync'}" for c in CASES])
 def test_captured_step_reads_only_its_results_and_the_policy_inputs(models, prompts, references, policy, options,
                                                                     overlap, allowed):
-    reads, _ = recorded_run(models, prompts, references, policy, options, overlap=overlap, captured=True)
+    reads, engine = recorded_run(models, prompts, references, policy, options, overlap=overlap, captured=True)
     assert reads == COLLECT | allowed
+    assert engine.result_copies == engine.counters.steps  # one copy per step
+
+
+# Work a captured step may still launch one op at a time outside its two graph keys (proposal;
+# verify + accept + context + commit): staging the keys' inputs, the anchors and proposal record in
+# slot storage, the policy's split, the result copy, and the draft-context write of rows that a
+# prefill or a bucket-tier step queued (written before the next proposal, not inside a key)
+INSIDE_KEYS_ONLY = ("dspark_core/models/llama.py:", "dspark_core/models/dspark_draft.py:propose",
+                    "dspark_core/models/dspark_draft.py:backbone", "kernels/pack.py:", "kernels/accept_commit.py:",
+                    "dspark_core/engine/slots.py:commit", "dspark_core/engine/runner.py:_verify_fn",
+                    "dspark_core/engine/runner.py:_propose_fn")
+QUEUED_CONTEXT = "dspark_core/engine/draft_context.py:flush"
+
+
+@pytest.mark.parametrize("policy,options", [("adaptive", {"tier_lag": 2}), ("fixed", {}), ("none", {})],
+                         ids=["adaptive-lag2", "fixed", "none"])
+def test_captured_step_runs_models_kernels_and_commit_inside_its_graph_keys(models, prompts, references, policy,
+                                                                           options):
+    _, engine = recorded_run(models, prompts, references, policy, options, overlap=False, captured=True)
+    assert engine.outside_replays
+    for op, frames in engine.outside_replays:
+        inside = sorted(f for f in frames if f.startswith(INSIDE_KEYS_ONLY))
+        assert not inside, f"{op} ran outside the graph keys, from {inside}"
+        if any(f.startswith("dspark_core/models/") for f in frames):  # model work: only the queued rows
+            assert QUEUED_CONTEXT in frames, f"{op} ran model code outside the keys: {sorted(frames)}"
 
 
 def test_eager_step_also_sizes_attention_on_the_host(models, prompts, references):
@@ -152,3 +184,16 @@ def test_row_layout_unpad_is_a_plain_gather():
     assert recorder.reads == []
     assert torch.equal(rows, padded[layout.valid])  # the boolean-mask form it replaces
     assert torch.equal(layout.unpad(layout.pad(positions)), positions)
+
+
+def test_step_inputs_reach_a_cuda_device_through_pinned_memory_without_waiting(monkeypatch):
+    """Host-built step inputs (slots, caps, prefill rows): a plain copy on CPU; on CUDA, pinned memory
+    and a non-blocking copy (a pageable copy would make the host wait for the previous step)."""
+    on_cpu = host_to_device(np.array([3, 1, 2]), "cpu")
+    assert on_cpu.dtype == torch.int64 and on_cpu.tolist() == [3, 1, 2]
+    assert not stages_through_pinned_memory("cpu") and stages_through_pinned_memory("cuda:1")
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append(("pin",)) or self)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: calls.append(("to", args, kwargs)) or self)
+    host_to_device([5, 6], "cuda:0")
+    assert calls == [("pin",), ("to", ("cuda:0",), {"non_blocking": True})]

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dspark_core.audit import get_logger
+from dspark_core.device import host_to_device
 from dspark_core.distributed.group import RankGroup, RankLostError, collective
 from dspark_core.engine.pipeline import DeviceQueue, Job
 from dspark_core.engine.step import DecodeStep
@@ -257,7 +258,7 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     policy = ReplayDecision(engine.policy.uses_draft, live, group, device)
     width = engine.config.draft_width
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
-    step = DecodeStep(engine.runner, engine.storage, policy, ctx, torch.tensor(slots, dtype=torch.int64, device=device),
+    step = DecodeStep(engine.runner, engine.storage, policy, ctx, host_to_device(slots, device),
                       torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft))
     engine.decode_on_device(step)
     return live

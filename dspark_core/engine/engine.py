@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import torch
-
+from dspark_core.device import host_to_device
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import EngineConfig, EngineCounters, StartupWork, StepReport
 from dspark_core.engine.pipeline import DeviceQueue, Job
@@ -21,7 +20,6 @@ from dspark_core.engine.planning import StepPlanner, remember
 from dspark_core.engine.request import Request, RequestOutput, SamplingParams, make_output
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.scheduler import Scheduler
-from dspark_core.engine.slots import SlotStorage
 from dspark_core.engine.step import DecodeStep, StepResult, StepStages
 from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError
@@ -51,7 +49,7 @@ class Engine:
         self.max_model_len = min(config.max_model_len, target.config.max_position)
         self.runner = ModelRunner(target, draft if self.policy.uses_draft else None, draft_width=config.draft_width,
                                   num_slots=num_slots, max_len=self.max_model_len, graphs=graphs)
-        self.storage = SlotStorage(num_slots, config.draft_width, self.max_model_len, device=self.runner.device)
+        self.storage = self.runner.storage
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)
         self.costs = TierCosts(self.geometry)
@@ -202,7 +200,7 @@ class Engine:
         it for admitted requests, and a multi-rank worker to replay rank 0's prefill.
         """
         first = self.runner.prefill(prompts, slots)
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.runner.device)  # noqa: E731
+        as_long = lambda xs: host_to_device(xs, self.runner.device)  # noqa: E731
         self.storage.start(as_long(slots), as_long([len(p) for p in prompts]), first)
         return first.tolist()
 

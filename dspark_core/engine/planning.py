@@ -15,8 +15,8 @@ from concurrent.futures import Future
 
 import attrs
 import numpy as np
-import torch
 
+from dspark_core.device import host_to_device
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.request import Request
 from dspark_core.engine.runner import ModelRunner
@@ -73,8 +73,8 @@ class StepPlanner:
         plan = plan_step(policy, ctx, known, cap_values)
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
         step = DecodeStep(self.runner, self.storage, policy, ctx,
-                          torch.tensor([r.slot for r in running], dtype=torch.int64, device=device),
-                          torch.from_numpy(cap_values).to(device), host_caps=cap_values, draft=plan.draft, index=index)
+                          host_to_device([r.slot for r in running], device),
+                          host_to_device(cap_values, device), host_caps=cap_values, draft=plan.draft, index=index)
         if lag > 0:
             step.tier_confidences = known
         if plan.draft and queue_depth > 1 and lag == 1:  # the next step will wait for this proposal

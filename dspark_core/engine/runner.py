@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 import torch
 
+from dspark_core.device import host_to_device
 from dspark_core.engine.draft_context import DraftContextQueue
+from dspark_core.engine.slots import SlotStorage
 from dspark_core.errors import ConfigError, ModelError
 from dspark_core.geometry import Geometry
-from dspark_core.graphs import BindingKey, GraphBackend, static_shapes
+from dspark_core.graphs import BindingKey, GraphBackend
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
 from dspark_kernels import kernels_for
+from dspark_kernels.accept_commit import Acceptance, gather_target_tokens
 from dspark_kernels.pack import PackedRows
 
 # most target rows queued for the draft's context before they are written anyway (bounds the
@@ -31,7 +34,8 @@ _DRAFT_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ModelRunner:
-    """Target + optional DSpark draft over one static slot cache (plus a scratch slot)."""
+    """Target + optional DSpark draft over one static slot cache (plus a scratch slot), and the slot
+    storage (anchors, committed tokens) that a step reads and commits to on the device."""
 
     def __init__(self, target: TargetModel, draft: DraftModel | None, *, draft_width: int, num_slots: int,
                  max_len: int, graphs: GraphBackend | None = None) -> None:
@@ -45,6 +49,7 @@ class ModelRunner:
         self.device = target.device
         self.kernels = kernels_for(draft_width)
         self.target_cache = target.new_cache(num_slots + 1, max_len)
+        self.storage = SlotStorage(num_slots, draft_width, max_len, device=self.device)
         self.hidden_layers: tuple[int, ...] = ()
         self.draft_context: DraftContextQueue | None = None  # target rows waiting for the draft's context
         self._draft_guarded = False  # registered as the draft's owner (see _DRAFT_OWNERS)
@@ -78,7 +83,8 @@ class ModelRunner:
         if self.draft_context is None or hidden is None:
             return
         if self.graphs is not None and self.graphs.records:
-            hidden = hidden.clone()  # a recorded graph's output buffer is overwritten by its next replay
+            # a recorded graph's output buffers are overwritten by its next replay
+            hidden, positions, row_slots = hidden.clone(), positions.clone(), row_slots.clone()
         self.draft_context.put(hidden, positions, row_slots)
 
     def flush_draft_context(self) -> None:
@@ -106,17 +112,12 @@ class ModelRunner:
         offsets = [0]
         for prompt in prompts:
             offsets.append(offsets[-1] + len(prompt))
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        as_long = lambda xs: host_to_device(xs, self.device)  # noqa: E731
         batch = ForwardBatch(as_long(tokens), as_long(positions), as_long(list(slots)), as_long(offsets))
         last_rows = as_long(offsets[1:]) - 1
         out = self.forward(batch, logit_rows=last_rows)
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
         return out.logits.argmax(dim=-1)
-
-    def step_mode(self) -> AbstractContextManager:
-        """Static-shape mode for a step's own kernels when the backend records device graphs (their
-        eager-only checks read the device); nothing otherwise."""
-        return static_shapes() if self.graphs is not None and self.graphs.records else nullcontext()
 
     # -- the draft proposal, through the graph backend ----------------------------
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -154,37 +155,70 @@ class ModelRunner:
         tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
 
-    # -- the verify forward, through the graph backend ---------------------------
+    # -- verify, accept and commit, through the graph backend -----------------------
     def binding_key(self, request_bucket: int, target_rows: int) -> BindingKey:
         return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
                           str(self.device))
 
-    def verify_inputs(self, packed: PackedRows, slots: torch.Tensor, request_bucket: int) -> dict[str, torch.Tensor]:
-        """Fixed-shape inputs for the key: bucket + 1 requests (empty bucket slots and the padding
-        request sit on the scratch slot), so every step of a key has identical tensor shapes."""
-        total = int(packed.tokens.shape[0])
+    def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
+                      request_bucket: int) -> dict[str, torch.Tensor]:
+        """Fixed-shape inputs for a key of ``request_bucket``: empty bucket slots sit on the scratch slot
+        with length -1 (no row at all: not even an anchor), so every step of a key has the same shapes."""
         extra = request_bucket - slots.shape[0]
-        offsets = packed.row_offsets
-        slots = torch.cat([slots, slots.new_full((extra + 1,), self.scratch_slot)])
-        offsets = torch.cat([offsets, offsets[-1:].expand(extra), offsets.new_full((1,), total)])
-        return {"tokens": packed.tokens, "positions": packed.positions, "slot_ids": slots, "row_offsets": offsets}
+        return {"drafts": torch.cat([drafts, drafts.new_zeros(extra, drafts.shape[1])]),
+                "lengths": torch.cat([lengths, lengths.new_full((extra,), -1)]),
+                "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
 
-    def _verify_fn(self, tokens: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
-                   row_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        batch = ForwardBatch(tokens, positions, slot_ids, row_offsets, padding_slot=self.scratch_slot)
-        out = self.target.forward(batch, self.target_cache,
-                                  hidden_layers=self.hidden_layers)
-        greedy = out.logits.argmax(dim=-1)
-        return (greedy,) if out.hidden is None else (greedy, out.hidden)
+    def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
+                   write_context: bool) -> tuple[torch.Tensor, ...]:
+        """Everything after the budget split, as one key: pack the tier's rows from slot storage, run the
+        target, accept greedy prefixes, write the rows into the draft's context (``write_context``) and
+        commit to slot storage. Outputs: accepted, committed, the packed rows (tokens, positions, slots,
+        offsets) and, when the context is not written here, the target's hidden states for the queue."""
+        anchors, starts = self.storage.anchors(slot_ids)
+        packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
+        # one more request, on the scratch slot, holds the tier's padding rows
+        batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, slot_ids.new_full((1,), self.scratch_slot)]),
+                             torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
+                             padding_slot=self.scratch_slot)
+        out = self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers)
+        grid = gather_target_tokens(out.logits.argmax(dim=-1), packed.row_offsets, self.draft_width)
+        acceptance = self.kernels.accept(drafts, lengths, grid)
+        if write_context and out.hidden is not None and self.draft is not None:
+            # the draft's context learns the target's view of every row. Rejected rows sit past the
+            # new anchor and are overwritten before they are ever attended; padding rows sit on the
+            # scratch slot, which no proposal reads. The queue was flushed by this step's proposal,
+            # so writing now keeps the rows in order
+            self.draft.extend_context(out.hidden, packed.positions, packed.row_slots)
+        self.storage.commit(slot_ids, acceptance)
+        outputs = (acceptance.accepted, acceptance.committed, packed.tokens, packed.positions, packed.row_slots,
+                   packed.row_offsets)
+        return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
 
-    def verify_forward(self, key: BindingKey, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Greedy target tokens [G] and draft hidden states for one verify step."""
-        outputs = self.graphs.run(key, inputs) if self.graphs is not None else self._verify_fn(**inputs)
-        return outputs[0], (outputs[1] if len(outputs) > 1 else None)
+    def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, request_bucket: int,
+                      target_rows: int) -> tuple[PackedRows, Acceptance]:
+        """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and commit.
+
+        Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
+        one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
+        bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again.
+        """
+        write_context = target_rows > request_bucket
+        inputs = self.verify_inputs(drafts, lengths, slots, request_bucket)
+        if self.graphs is not None:
+            outputs = self.graphs.run(self.binding_key(request_bucket, target_rows), inputs)
+        else:
+            outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
+        accepted, committed, tokens, positions, row_slots, row_offsets = outputs[:6]
+        if len(outputs) > 6 and self.draft_context is not None:
+            self.extend_draft_context(outputs[6], positions, row_slots)
+        n = slots.shape[0]
+        return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
+                Acceptance(accepted[:n], committed[:n]))
 
     def warmup(self, geometry: Geometry) -> None:
-        """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key;
-        writes touch only the scratch slot."""
+        """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (verify,
+        accept, commit); writes touch only the scratch slot."""
         if self.graphs is None:
             return
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
@@ -193,8 +227,8 @@ class ModelRunner:
                 example = {"anchors": as_long([0] * bucket), "positions": as_long([0] * bucket),
                            "slot_ids": as_long([self.scratch_slot] * bucket)}
                 self.graphs.prepare(self.proposal_key(bucket), self._propose_fn, example)
+            example = self.verify_inputs(torch.zeros(0, self.draft_width, dtype=torch.int64, device=self.device),
+                                         as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):
-                example = {"tokens": as_long([0] * rows), "positions": as_long(list(range(rows))),
-                           "slot_ids": as_long([self.scratch_slot] * (bucket + 1)),
-                           "row_offsets": as_long([0] * (bucket + 1) + [rows])}
-                self.graphs.prepare(self.binding_key(bucket, rows), self._verify_fn, example)
+                fn = partial(self._verify_fn, target_rows=rows, write_context=rows > bucket)
+                self.graphs.prepare(self.binding_key(bucket, rows), fn, example)

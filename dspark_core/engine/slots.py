@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark_kernels.accept_commit import Acceptance, commit_tokens
+
 
 class SlotStorage:
     """Fixed-size tensors indexed by slot id; allocated once at warmup."""
@@ -54,3 +56,13 @@ class SlotStorage:
     def record_proposal(self, slots: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor) -> None:
         self.draft_tokens[slots] = tokens
         self.confidences[slots] = confidences.float()
+
+    def commit(self, slots: torch.Tensor, acceptance: Acceptance) -> None:
+        """Append each request's committed tokens (accepted drafts + bonus) and move its anchor on.
+
+        Read-free and fixed-shape. Slots may repeat only on the scratch slot (bucket padding),
+        whose values nobody reads.
+        """
+        commit_tokens(self.output_tokens, self.output_lengths, slots, acceptance)
+        self.last_token[slots] = acceptance.committed.gather(1, acceptance.accepted.unsqueeze(1)).squeeze(1)
+        self.seq_len[slots] += acceptance.accepted + 1

@@ -30,7 +30,7 @@ from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
 from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, draft_off_choice
-from dspark_kernels.accept_commit import Acceptance, commit_tokens, gather_target_tokens
+from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 
 
@@ -56,6 +56,8 @@ class Verification:
 
     packed: PackedRows
     acceptance: Acceptance
+    # True: already written to slot storage (the core's verify commits inside its graph key)
+    committed: bool = False
 
     @property
     def real_rows(self) -> int:
@@ -132,40 +134,34 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
 
 
 def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification:
-    """Pack the tier's rows, run the target once, accept the longest matching prefixes."""
-    runner = step.runner
-    anchors, positions = step.storage.anchors(step.slots)
-    with runner.step_mode():
-        packed = runner.kernels.pack(anchors, proposal.tokens, budget.lengths, positions, step.slots,
-                                     budget.choice.rows, runner.scratch_slot)
-    bucket = step.tier_context.request_bucket
-    greedy, hidden = runner.verify_forward(runner.binding_key(bucket, budget.choice.rows),
-                                           runner.verify_inputs(packed, step.slots, bucket))
-    grid = gather_target_tokens(greedy, packed.row_offsets, runner.draft_width)
-    acceptance = runner.kernels.accept(proposal.tokens, budget.lengths, grid)
-    if hidden is not None and step.policy.uses_draft:
-        # the draft's context learns the target's view of every real row (draft-off steps
-        # included, so drafting can resume at any step); the runner queues them and writes
-        # them before the next proposal. Rejected rows sit past the new anchor and are
-        # overwritten before they are ever attended. The tier's padding rows go along (no
-        # host read to cut them off): they sit on the scratch slot, which no proposal reads
-        runner.extend_draft_context(hidden, packed.positions, packed.row_slots)
-    return Verification(packed, acceptance)
+    """Pack the tier's rows, run the target once, accept the longest matching prefixes and commit them.
+
+    The runner does all of it as the (bucket, tier) key of the graph backend, so the commit is part of
+    this stage here (``Verification.committed``); a plugin's verify leaves it to :func:`commit`.
+    """
+    packed, acceptance = step.runner.verify_commit(proposal.tokens, budget.lengths, step.slots,
+                                                   step.tier_context.request_bucket, budget.choice.rows)
+    return Verification(packed, acceptance, committed=True)
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:
     """Write committed tokens (accepted drafts + bonus) and the next anchors into slot storage."""
-    storage, acceptance = step.storage, verification.acceptance
-    commit_tokens(storage.output_tokens, storage.output_lengths, step.slots, acceptance)
-    storage.last_token[step.slots] = acceptance.committed.gather(1, acceptance.accepted.unsqueeze(1)).squeeze(1)
-    storage.seq_len[step.slots] += acceptance.accepted + 1
+    step.storage.commit(step.slots, verification.acceptance)
 
 
 def collect(proposal: Proposal, budget: Budget, verification: Verification) -> StepResult:
-    """The one device-to-host copy of a step, taken when its results are ready."""
+    """The one device-to-host copy of a step, taken when its results are ready.
+
+    Accepted counts, verify lengths, committed tokens and confidences go back as one float64
+    tensor (token ids and counts are exact in float64), so the host waits for the device once.
+    """
     acceptance = verification.acceptance
-    return StepResult(acceptance.accepted.tolist(), acceptance.committed.tolist(), budget.lengths.tolist(),
-                      proposal.confidences.cpu().numpy().astype(np.float64), budget.choice)
+    n, width = proposal.confidences.shape
+    columns = [acceptance.accepted.unsqueeze(1), budget.lengths.unsqueeze(1), acceptance.committed,
+               proposal.confidences]
+    host = torch.cat([c.to(torch.float64) for c in columns], dim=1).cpu().numpy()
+    ints = host[:, : width + 3].astype(np.int64)
+    return StepResult(ints[:, 0].tolist(), ints[:, 2:].tolist(), ints[:, 1].tolist(), host[:, width + 3:], budget.choice)
 
 
 R = TypeVar("R")
@@ -187,7 +183,8 @@ class StepStages:
     A stage whose hook no registered plugin implements is the core function
     itself (the default path calls it directly). Otherwise the plugins answer
     first and the core's stage runs only when they all return None. The core's
-    commit always runs; plugins implementing ``dspark_commit`` run after it.
+    commit always runs (inside the core's verify, or after a plugin's); plugins
+    implementing ``dspark_commit`` run after it.
     """
 
     def __init__(self, hooks: Hooks) -> None:
@@ -205,7 +202,8 @@ class StepStages:
         proposal = self.propose(step)
         budget = self.select_budget(step, proposal)
         verification = self.verify(step, proposal, budget)
-        commit(step, verification)
+        if not verification.committed:
+            commit(step, verification)
         if self.observe_commit is not None:
             self.observe_commit(step, verification)
         return collect(proposal, budget, verification)
