@@ -50,7 +50,7 @@ def test_the_sitting_script_is_valid_bash_and_names_its_parts():
     script = ROOT / "benchmarks" / "h200" / "sitting.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
-    for part in ("env", "exactness-float32", "bench-k7", "step-profile", "exactness-bfloat16"):
+    for part in ("env", "exactness-float32", "bench-k7", "step-profile", "exactness-bfloat16", "host-overhead"):
         assert f"part {part} " in text and part in text.split("PARTS=${PARTS:-")[1].split("}")[0]
 
 
@@ -64,3 +64,20 @@ def test_the_device_calibration_file_is_valid_up_to_64_requests():
                         lambda name: getattr(default_hooks().cost_model(name), "check_grid", None))
     assert plan.settings.request_buckets == (1, 2, 4, 8, 16, 32, 64)
     assert {p.request_bucket for p in plan.points if p.draft_off} == set(plan.settings.request_buckets)
+
+
+def test_host_overhead_times_the_step_outside_the_keys_and_counts_its_launches(tmp_path):
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--policies", "none,adaptive",
+                           "--concurrency", "1,2", "--steps", "6", "--warmup", "2", "--output", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {(r["policy"], r["concurrency"]): r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {("none", 1), ("none", 2), ("adaptive", 1), ("adaptive", 2)}
+    for row in rows.values():
+        assert row["steps"] == 6 and 0 < row["outside_ms_median"] < row["step_ms_median"]
+    # the draft adds its proposal's staging, the split and the proposal record outside the keys
+    assert rows[("none", 1)]["ops_outside_per_step"] < rows[("adaptive", 1)]["ops_outside_per_step"]
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--concurrency", "32",
+                          "--output", str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "--concurrency: every value must lie in 1..16" in bad.stderr

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device sitting for issue 17, prepared on the CPU: environment, exactness in float32 (the CUDA
-# default), the K=7 bench at concurrency 1/4/16/64, the step-time breakdown, and bfloat16 divergences
-# classified. Every part has its own time limit and writes under $OUT as it finishes, so a hang or a
-# crash in one part still returns the others and the log.
+# default), the K=7 bench at concurrency 1/4/16/64, the step-time breakdown, bfloat16 divergences
+# classified, and the host time a step spends outside its graph keys. Every part has its own time
+# limit and writes under $OUT as it finishes, so a hang or a crash in one part still returns the
+# others and the log.
 #
 # On the device (after ../shared/gpu/stage.sh and the model-part calls; see ../shared/gpu/README.md):
 #     bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 # One device command may run 10 minutes at most: if the parts do not fit one call, name them per call,
 #     PARTS=env,exactness-float32,bench-k7 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
-#     PARTS=step-profile,exactness-bfloat16 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
+#     PARTS=step-profile,exactness-bfloat16,host-overhead bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 # (step-profile reuses the bench's cost table when the same OUT still holds it).
 # A dry run here on the CPU with tiny sizes (what to run before spending device time):
 #     DEVICE=cpu PROMPTS_FILE=prompts.jsonl N=2 TOKENS=8 CONCURRENCY=1,2 PER_CONCURRENCY=2,2 CALIBRATION=demo \
@@ -26,7 +27,7 @@ PAIRS=${PAIRS:-none:1,fixed-k7:1,none:16,fixed-k7:16,adaptive:16}
 STEPS=${STEPS:-50}
 CALIBRATION=${CALIBRATION:-$(cd "$(dirname "$0")" && pwd)/calibration-k7.json}
 MAX_SEQS=${MAX_SEQS:-64}
-PARTS=${PARTS:-env,exactness-float32,bench-k7,step-profile,exactness-bfloat16}
+PARTS=${PARTS:-env,exactness-float32,bench-k7,step-profile,exactness-bfloat16,host-overhead}
 CLI=${CLI:-dspark-core}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -80,5 +81,8 @@ part step-profile 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[
 part exactness-bfloat16 150 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dtype bfloat16 \
     --prompts_file "$PROMPTS_FILE" --prompts "$(( N < 16 ? N : 16 ))" --max_tokens "$TOKENS" --concurrency 16 \
     --policies none,fixed-k3,adaptive --output "$OUT/exactness-bfloat16.json"
+
+# the host's share of a step (tiny models, CPU only): this machine's CPU sets the floor of a replayed step
+part host-overhead 120 "$PY" "$HERE/../host_overhead.py" --steps "$(( STEPS * 4 ))" --output "$OUT/host-overhead.json"
 
 echo "== done; results under $OUT" | tee -a "$LOG"
