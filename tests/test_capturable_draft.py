@@ -92,12 +92,17 @@ def test_runner_proposes_through_the_backend_per_bucket(target, backend_class):
     assert {k.request_bucket for k in backend.keys if k.stage == "propose"} == {1, 2, 4}
     backend.seal()
     anchors, positions, slots = torch.tensor([3, 9, 20]), torch.tensor([17, 0, 31]), torch.tensor([2, 0, 3])
-    want_tokens, want_conf = runner.propose(anchors, positions, slots)  # eager, no bucket
+    want_tokens, want_conf = runner.propose(anchors, positions, slots)  # eager, explicit anchors
+    # the engine's path: anchors read from slot storage inside the bucket's key, the block recorded there
+    runner.storage.last_token[slots], runner.storage.seq_len[slots] = anchors, positions + 1
     before = backend.counters.replays
-    tokens, conf = runner.propose(anchors, positions, slots, request_bucket=4)  # padded with one scratch row
+    tokens, conf = runner.propose_from_storage(slots, request_bucket=4)  # padded with one scratch row
     assert backend.counters.replays == before + 1
     assert tokens.shape == (3, 5) and torch.equal(tokens, want_tokens)
     torch.testing.assert_close(conf, want_conf, rtol=0, atol=1e-6)
+    assert torch.equal(runner.storage.draft_tokens[slots], want_tokens)
+    # eagerly from slot storage (no bucket): the same block
+    assert torch.equal(runner.propose_from_storage(slots)[0], want_tokens)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])

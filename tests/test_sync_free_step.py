@@ -118,13 +118,14 @@ def test_captured_step_reads_only_its_results_and_the_policy_inputs(models, prom
     assert engine.result_copies == engine.counters.steps  # one copy per step
 
 
-# Work a captured step may still launch one op at a time outside its two graph keys (proposal;
-# verify + accept + context + commit): staging the keys' inputs, the anchors and proposal record in
-# slot storage, the policy's split, the result copy, and the draft-context write of rows that a
-# prefill or a bucket-tier step queued (written before the next proposal, not inside a key)
+# Work a captured step may still launch one op at a time outside its two graph keys (proposal with
+# its anchors and record in slot storage; verify + accept + context + commit): staging the keys'
+# inputs, the policy's split, the result copy, and the draft-context write of rows that a prefill
+# or a bucket-tier step queued (written before the next proposal, not inside a key)
 INSIDE_KEYS_ONLY = ("dspark_core/models/llama.py:", "dspark_core/models/dspark_draft.py:propose",
                     "dspark_core/models/dspark_draft.py:backbone", "kernels/pack.py:", "kernels/accept_commit.py:",
-                    "dspark_core/engine/slots.py:commit", "dspark_core/engine/runner.py:_verify_fn",
+                    "dspark_core/engine/slots.py:commit", "dspark_core/engine/slots.py:anchors",
+                    "dspark_core/engine/slots.py:record_proposal", "dspark_core/engine/runner.py:_verify_fn",
                     "dspark_core/engine/runner.py:_propose_fn")
 QUEUED_CONTEXT = "dspark_core/engine/draft_context.py:flush"
 

@@ -120,37 +120,47 @@ class ModelRunner:
         return out.logits.argmax(dim=-1)
 
     # -- the draft proposal, through the graph backend ----------------------------
-    def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                request_bucket: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """K drafted tokens and their confidences per request.
+    def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafted tokens and their confidences for the requests in ``slots``, drafted from their
+        anchors in slot storage and recorded there.
 
-        With a graph backend and a request bucket the block runs as the bucket's
-        ``propose`` key (padded to the bucket on the scratch slot); otherwise eagerly.
+        With a graph backend and a request bucket the block runs as the bucket's ``propose`` key
+        (padded to the bucket on the scratch slot), anchors read and proposal recorded inside it;
+        otherwise eagerly.
         """
         self.flush_draft_context()
         if self.graphs is None or request_bucket is None:
-            return self._propose_fn(anchors, positions, slots)
+            return self._propose_fn(slots)
         n = slots.shape[0]
-        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket),
-                                              self.proposal_inputs(anchors, positions, slots, request_bucket))
+        padded = torch.cat([slots, slots.new_full((request_bucket - n,), self.scratch_slot)])
+        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket), {"slot_ids": padded})
         return tokens[:n], confidences[:n]
+
+    def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K drafted tokens and their confidences from explicit anchors, eagerly (no graph key, nothing
+        recorded in slot storage): for tools that draft outside a decode step."""
+        self.flush_draft_context()
+        return self._draft_block(anchors, positions, slots)
 
     def proposal_key(self, request_bucket: int) -> BindingKey:
         weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
         dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
         return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device), stage="propose")
 
-    def proposal_inputs(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                        request_bucket: int) -> dict[str, torch.Tensor]:
-        """Fixed-shape inputs for the bucket: empty bucket slots draft token 0 at position 0 of the
-        scratch slot (no context visible; their blocks are computed and dropped)."""
-        extra = request_bucket - slots.shape[0]
-        return {"anchors": torch.cat([anchors, anchors.new_zeros(extra)]),
-                "positions": torch.cat([positions, positions.new_zeros(extra)]),
-                "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
+    def _propose_fn(self, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal key: anchors from slot storage, the draft's block, the record in slot storage.
+        Empty bucket entries (the scratch slot) draft token 0 at position 0: no context visible, the
+        block is computed and dropped."""
+        anchors, positions = self.storage.anchors(slot_ids)
+        live = slot_ids != self.scratch_slot
+        tokens, confidences = self._draft_block(torch.where(live, anchors, 0), torch.where(live, positions, 0), slot_ids)
+        self.storage.record_proposal(slot_ids, tokens, confidences)
+        return tokens, confidences
 
-    def _propose_fn(self, anchors: torch.Tensor, positions: torch.Tensor,
-                    slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_block(self, anchors: torch.Tensor, positions: torch.Tensor,
+                     slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
         tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
@@ -224,9 +234,8 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
         for bucket in geometry.request_buckets:
             if self.draft is not None:
-                example = {"anchors": as_long([0] * bucket), "positions": as_long([0] * bucket),
-                           "slot_ids": as_long([self.scratch_slot] * bucket)}
-                self.graphs.prepare(self.proposal_key(bucket), self._propose_fn, example)
+                self.graphs.prepare(self.proposal_key(bucket), self._propose_fn,
+                                    {"slot_ids": as_long([self.scratch_slot] * bucket)})
             example = self.verify_inputs(torch.zeros(0, self.draft_width, dtype=torch.int64, device=self.device),
                                          as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):

@@ -111,9 +111,7 @@ def propose(step: DecodeStep) -> Proposal:
     if not step.draft or not step.policy.uses_draft:
         zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
         return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
-    anchors, positions = step.storage.anchors(step.slots)
-    tokens, confidences = step.runner.propose(anchors, positions, step.slots, step.tier_context.request_bucket)
-    step.storage.record_proposal(step.slots, tokens, confidences)
+    tokens, confidences = step.runner.propose_from_storage(step.slots, step.tier_context.request_bucket)
     if step.proposal_ready is not None:
         step.proposal_ready.set_result(confidences.float().cpu().numpy().astype(np.float64))
     return Proposal(tokens, confidences.float())
