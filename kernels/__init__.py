@@ -8,6 +8,7 @@ part of every graph binding key, so a launch only ever uses one set.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from attrs import frozen
@@ -25,7 +26,7 @@ class KernelSet:
 
     width: int
     # (confidences [n, K], caps [n], draft rows) -> verify length per request [n]
-    allocate: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+    allocate: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]  # draft rows: int or 0-dim tensor
     # (anchors, drafts, lengths, start positions, slots, tier rows, scratch slot) -> the tier's rows
     pack: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], PackedRows]
     # (drafts [n, K], lengths [n], target grid [n, K + 1]) -> accepted prefix and committed tokens

@@ -50,10 +50,11 @@ def make_allocate(width: int):
     Avoids the data-dependent sort: each element's rank is the number of
     elements that precede it in (survival desc, position, request) order, so
     the whole kernel is fixed-shape tensor arithmetic for a given K (graph
-    capture friendly on every backend).
+    capture friendly on every backend). ``draft_rows`` may be a 0-dim tensor,
+    so a captured graph can take it as an input.
     """
 
-    def allocate(confidences: torch.Tensor, caps: torch.Tensor, draft_rows: int) -> torch.Tensor:
+    def allocate(confidences: torch.Tensor, caps: torch.Tensor, draft_rows: int | torch.Tensor) -> torch.Tensor:
         if confidences.shape[1] != width:
             raise ValueError(f"allocate kernel for K={width} got confidences of width {confidences.shape[1]}")
         batch = confidences.shape[0]
@@ -64,7 +65,11 @@ def make_allocate(width: int):
             (surv.unsqueeze(0) == surv.unsqueeze(1)) & (index.unsqueeze(0) < index.unsqueeze(1))
         )
         rank = before.sum(dim=1)  # rank[e] = elements ordered before e
-        budget = torch.clamp(caps.clamp(min=0, max=width).sum(), max=max(int(draft_rows), 0))
+        room = caps.clamp(min=0, max=width).sum()
+        if isinstance(draft_rows, torch.Tensor):  # a graph input: the count is read on the device
+            budget = torch.minimum(room, draft_rows.clamp(min=0))
+        else:
+            budget = torch.clamp(room, max=max(int(draft_rows), 0))
         chosen = (rank < budget).reshape(width, batch)
         return chosen.sum(dim=0).to(torch.int64)
 

@@ -115,3 +115,26 @@ def test_a_stage_plugin_replaces_and_observes_stages_and_output_stays_exact():
     target, _ = tiny_pair(seed=2, block_size=WIDTH)
     assert [list(o.token_ids) for o in outputs] == [greedy_generate(target, p, 10) for p in prompts]
     assert plugin.verified == plugin.committed == steps > 0
+
+
+def test_the_split_inside_the_verify_key_chooses_what_the_policy_split_chooses():
+    """adaptive's split (the allocate kernel) runs inside the verify key; with a verify plugin it runs in
+    select_budget instead. Both engines verify the same lengths at every step and commit the same tokens."""
+    prompts = random_prompts(3, seed=6)
+    runs = []
+    for plugin in (None, VerifyCounter()):
+        pm = build_plugin_manager()
+        if plugin is not None:
+            pm.register(plugin)
+        target, draft = tiny_pair(seed=2, block_size=WIDTH)
+        engine = Engine(target, draft, EngineConfig(draft_width=WIDTH, policy="adaptive", request_buckets=BUCKETS,
+                                                    max_model_len=96, schedule_overlap=False), hooks=Hooks(pm))
+        engine.install_table(synthetic_table(WIDTH, BUCKETS, per_row=0.0001, step=0.0))  # drafting looks cheap
+        reports = []
+        engine.add_observer(reports.append)
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+        engine.close()
+        runs.append(([list(o.token_ids) for o in outputs], [(r.target_rows, r.verify_lengths) for r in reports]))
+    (tokens, steps), (tokens_eager, steps_eager) = runs
+    assert tokens == tokens_eager and steps == steps_eager
+    assert any(0 < sum(lengths) < WIDTH * len(lengths) for _, lengths in steps)  # a real split, not all or none

@@ -119,11 +119,13 @@ def test_captured_step_reads_only_its_results_and_the_policy_inputs(models, prom
 
 
 # Work a captured step may still launch one op at a time outside its two graph keys (proposal with
-# its anchors and record in slot storage; verify + accept + context + commit): staging the keys'
-# inputs, the policy's split, the result copy, and the draft-context write of rows that a prefill
-# or a bucket-tier step queued (written before the next proposal, not inside a key)
+# its anchors and record in slot storage; the allocate split, verify, accept, context and commit):
+# staging the keys' inputs, a policy's own split (fixed's clamp), the result copy, and the
+# draft-context write of rows that a prefill or a bucket-tier step queued (written before the next
+# proposal, not inside a key)
 INSIDE_KEYS_ONLY = ("dspark_core/models/llama.py:", "dspark_core/models/dspark_draft.py:propose",
                     "dspark_core/models/dspark_draft.py:backbone", "kernels/pack.py:", "kernels/accept_commit.py:",
+                    "kernels/allocate.py:",
                     "dspark_core/engine/slots.py:commit", "dspark_core/engine/slots.py:anchors",
                     "dspark_core/engine/slots.py:record_proposal", "dspark_core/engine/runner.py:_verify_fn",
                     "dspark_core/engine/runner.py:_propose_fn")

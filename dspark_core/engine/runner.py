@@ -170,21 +170,40 @@ class ModelRunner:
         return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
                           str(self.device))
 
-    def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor,
-                      request_bucket: int) -> dict[str, torch.Tensor]:
-        """Fixed-shape inputs for a key of ``request_bucket``: empty bucket slots sit on the scratch slot
-        with length -1 (no row at all: not even an anchor), so every step of a key has the same shapes."""
-        extra = request_bucket - slots.shape[0]
+    def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
+                      request_bucket: int, confidences: torch.Tensor | None = None, caps: torch.Tensor | None = None,
+                      draft_rows: int = -1) -> dict[str, torch.Tensor]:
+        """Fixed-shape inputs for a key of ``request_bucket``. Empty bucket slots sit on the scratch slot
+        with cap and length -1 (no row at all: not even an anchor), so every step of a key has the same
+        shapes. ``lengths`` None: the key splits ``draft_rows`` (>= 0) itself with the allocate kernel."""
+        n, extra = slots.shape[0], request_bucket - slots.shape[0]
+        if lengths is None:
+            lengths = slots.new_zeros(n)
+        if confidences is None:
+            confidences = torch.zeros(n, self.draft_width, dtype=torch.float32, device=slots.device)
+        if caps is None:
+            caps = lengths
         return {"drafts": torch.cat([drafts, drafts.new_zeros(extra, drafts.shape[1])]),
                 "lengths": torch.cat([lengths, lengths.new_full((extra,), -1)]),
+                "confidences": torch.cat([confidences.float(), confidences.new_zeros(extra, confidences.shape[1],
+                                                                                        dtype=torch.float32)]),
+                "caps": torch.cat([caps, caps.new_full((extra,), -1)]),
+                "draft_rows": torch.full((), draft_rows, dtype=torch.int64, device=slots.device),
                 "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
 
-    def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
+    def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, confidences: torch.Tensor, caps: torch.Tensor,
+                   draft_rows: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
                    write_context: bool) -> tuple[torch.Tensor, ...]:
-        """Everything after the budget split, as one key: pack the tier's rows from slot storage, run the
-        target, accept greedy prefixes, write the rows into the draft's context (``write_context``) and
-        commit to slot storage. Outputs: accepted, committed, the packed rows (tokens, positions, slots,
-        offsets) and, when the context is not written here, the target's hidden states for the queue."""
+        """Everything from the budget split on, as one key: the split (the allocate kernel, when
+        ``draft_rows`` >= 0), pack the tier's rows from slot storage, run the target, accept greedy
+        prefixes, write the rows into the draft's context (``write_context``) and commit to slot
+        storage. Outputs: accepted, committed, verify lengths, the packed rows (tokens, positions,
+        slots, offsets) and, when the context is not written here, the target's hidden states."""
+        if self.draft is not None:
+            # computed on every step and chosen by the flag: a recorded graph cannot branch on it
+            allocated = self.kernels.allocate(confidences, caps, draft_rows)
+            lengths = torch.where(draft_rows >= 0, allocated, lengths)
+        lengths = torch.where(caps < 0, -1, lengths)  # empty bucket entries: no row
         anchors, starts = self.storage.anchors(slot_ids)
         packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
         # one more request, on the scratch slot, holds the tier's padding rows
@@ -201,30 +220,37 @@ class ModelRunner:
             # so writing now keeps the rows in order
             self.draft.extend_context(out.hidden, packed.positions, packed.row_slots)
         self.storage.commit(slot_ids, acceptance)
-        outputs = (acceptance.accepted, acceptance.committed, packed.tokens, packed.positions, packed.row_slots,
-                   packed.row_offsets)
+        outputs = (acceptance.accepted, acceptance.committed, lengths, packed.tokens, packed.positions,
+                   packed.row_slots, packed.row_offsets)
         return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
 
-    def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, request_bucket: int,
-                      target_rows: int) -> tuple[PackedRows, Acceptance]:
-        """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and commit.
+    def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
+                      request_bucket: int, target_rows: int, *, confidences: torch.Tensor | None = None,
+                      caps: torch.Tensor | None = None, draft_rows: int = -1
+                      ) -> tuple[PackedRows, Acceptance, torch.Tensor]:
+        """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
+        commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
+        ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance and the lengths.
 
         Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
         one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
         bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again.
         """
+        if lengths is None and (draft_rows < 0 or self.draft is None or confidences is None or caps is None):
+            raise ValueError("verify_commit: a split inside the key needs a draft, confidences, caps and draft_rows >= 0")
         write_context = target_rows > request_bucket
-        inputs = self.verify_inputs(drafts, lengths, slots, request_bucket)
+        inputs = self.verify_inputs(drafts, lengths, slots, request_bucket, confidences, caps,
+                                    draft_rows if lengths is None else -1)
         if self.graphs is not None:
             outputs = self.graphs.run(self.binding_key(request_bucket, target_rows), inputs)
         else:
             outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
-        accepted, committed, tokens, positions, row_slots, row_offsets = outputs[:6]
-        if len(outputs) > 6 and self.draft_context is not None:
-            self.extend_draft_context(outputs[6], positions, row_slots)
+        accepted, committed, verified, tokens, positions, row_slots, row_offsets = outputs[:7]
+        if len(outputs) > 7 and self.draft_context is not None:
+            self.extend_draft_context(outputs[7], positions, row_slots)
         n = slots.shape[0]
         return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
-                Acceptance(accepted[:n], committed[:n]))
+                Acceptance(accepted[:n], committed[:n]), verified[:n])
 
     def warmup(self, geometry: Geometry) -> None:
         """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (verify,

@@ -29,7 +29,7 @@ from attrs import define, frozen
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, draft_off_choice
+from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 
@@ -47,7 +47,9 @@ class Budget:
     """The chosen tier and each request's verify length."""
 
     choice: TierChoice
-    lengths: torch.Tensor  # [n] int64
+    # [n] int64; None: the core's verify splits the tier's draft rows inside its graph key (the
+    # policy's split is :func:`~dspark_core.policy.allocate_split`) and reports the lengths it used
+    lengths: torch.Tensor | None
 
 
 @frozen
@@ -58,6 +60,8 @@ class Verification:
     acceptance: Acceptance
     # True: already written to slot storage (the core's verify commits inside its graph key)
     committed: bool = False
+    # the verify length of each request [n] (None: the budget's own)
+    lengths: torch.Tensor | None = None
 
     @property
     def real_rows(self) -> int:
@@ -87,6 +91,9 @@ class DecodeStep:
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
     proposal_ready: Future[np.ndarray] | None = None
+    # True while the core's own verify runs this step: the default split can then run inside its
+    # graph key (set by StepStages; a plugin's verify gets the lengths in the budget)
+    split_in_verify: bool = False
 
 
 @frozen
@@ -127,6 +134,8 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
     caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
     choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
+    if step.split_in_verify and choice.lengths is None and getattr(policy, "split", None) is allocate_split:
+        return Budget(choice, None)  # the allocate kernel runs inside the verify key
     lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice, step.tier_context.request_bucket)
     return Budget(choice, lengths)
 
@@ -137,9 +146,13 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     The runner does all of it as the (bucket, tier) key of the graph backend, so the commit is part of
     this stage here (``Verification.committed``); a plugin's verify leaves it to :func:`commit`.
     """
-    packed, acceptance = step.runner.verify_commit(proposal.tokens, budget.lengths, step.slots,
-                                                   step.tier_context.request_bucket, budget.choice.rows)
-    return Verification(packed, acceptance, committed=True)
+    bucket, choice = step.tier_context.request_bucket, budget.choice
+    draft_rows = -1 if budget.lengths is not None else (
+        choice.rows - bucket if choice.draft_rows is None else choice.draft_rows)
+    packed, acceptance, lengths = step.runner.verify_commit(
+        proposal.tokens, budget.lengths, step.slots, bucket, choice.rows, confidences=proposal.confidences,
+        caps=step.caps, draft_rows=draft_rows)
+    return Verification(packed, acceptance, committed=True, lengths=lengths)
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:
@@ -155,8 +168,9 @@ def collect(proposal: Proposal, budget: Budget, verification: Verification) -> S
     """
     acceptance = verification.acceptance
     n, width = proposal.confidences.shape
-    columns = [acceptance.accepted.unsqueeze(1), budget.lengths.unsqueeze(1), acceptance.committed,
-               proposal.confidences]
+    lengths = verification.lengths if verification.lengths is not None else budget.lengths
+    assert lengths is not None, "a budget without lengths is verified by the core's verify, which reports them"
+    columns = [acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, proposal.confidences]
     host = torch.cat([c.to(torch.float64) for c in columns], dim=1).cpu().numpy()
     ints = host[:, : width + 3].astype(np.int64)
     return StepResult(ints[:, 0].tolist(), ints[:, 2:].tolist(), ints[:, 1].tolist(), host[:, width + 3:], budget.choice)
@@ -197,6 +211,7 @@ class StepStages:
 
     def run(self, step: DecodeStep) -> StepResult:
         """Propose, select the budget, verify and commit one step on the calling thread; its host copy."""
+        step.split_in_verify = self.verify is verify
         proposal = self.propose(step)
         budget = self.select_budget(step, proposal)
         verification = self.verify(step, proposal, budget)
