@@ -190,7 +190,9 @@ def dspark_select_budget(step: DecodeStep, proposal: Proposal) -> Budget | None:
     """Choose the target-row tier and per-request verify lengths.
 
     The core's stage delegates to the configured budget policy; ``None``
-    leaves the choice to it. Must be deterministic
+    leaves the choice to it. A budget may leave ``lengths`` None only for the
+    core's own verify, which then splits the tier's draft rows with the
+    allocate kernel inside its graph key. Must be deterministic
     for equal inputs (every rank computes the same budget) and may not change
     drafted tokens.
     """
@@ -201,7 +203,10 @@ def dspark_verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verif
     """Pack the admitted rows, run the target and greedily accept prefixes.
 
     Return the verification result (accepted lengths and the target's greedy
-    tokens) or ``None`` to let another plugin or the core verify.
+    tokens) or ``None`` to let another plugin or the core verify. While a
+    plugin implements this hook, the core's budget always carries its lengths.
+    The core's verify also commits (``Verification.committed``); a plugin's
+    result is committed by the core afterwards.
     """
 
 
