@@ -599,3 +599,19 @@ def test_sparse_drafting_learns_the_realized_ratio_not_a_prior_blend():
             policy.observe(report)
             scales.append(policy.learning.scale)
     assert abs(float(np.mean(scales[-10:])) - 0.5) < 0.06
+
+
+def test_a_policy_that_never_drafts_queues_nothing_for_the_draft_context():
+    """An engine built with a draft that serves `none` (the bench swaps policies on one engine) keeps no
+    decode rows for the draft's context; only the prefill's rows wait there (drafting may start later)."""
+    target, draft = tiny_pair(seed=4, block_size=WIDTH)
+    engine = Engine(target, draft, EngineConfig(draft_width=WIDTH, policy="adaptive", request_buckets=(1, 2),
+                                                max_model_len=96, schedule_overlap=False))
+    with engine.use_policy(default_hooks().budget_policy("none", {})):
+        engine.add_request(random_prompts(1, seed=5)[0], SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.step()  # the prefill and the first decode step
+        queued = engine.runner.draft_context.rows
+        for _ in range(4):
+            engine.step()
+        assert queued > 0 and engine.runner.draft_context.rows == queued
+    engine.close()

@@ -226,7 +226,7 @@ class ModelRunner:
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor | None = None,
-                      caps: torch.Tensor | None = None, draft_rows: int = -1
+                      caps: torch.Tensor | None = None, draft_rows: int = -1, queue_context: bool = True
                       ) -> tuple[PackedRows, Acceptance, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
@@ -234,7 +234,8 @@ class ModelRunner:
 
         Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
         one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
-        bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again.
+        bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again,
+        and only with ``queue_context`` (False for a policy that never drafts).
         """
         if lengths is None and (draft_rows < 0 or self.draft is None or confidences is None or caps is None):
             raise ValueError("verify_commit: a split inside the key needs a draft, confidences, caps and draft_rows >= 0")
@@ -246,15 +247,15 @@ class ModelRunner:
         else:
             outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
         accepted, committed, verified, tokens, positions, row_slots, row_offsets = outputs[:7]
-        if len(outputs) > 7 and self.draft_context is not None:
+        if len(outputs) > 7 and queue_context and self.draft_context is not None:
             self.extend_draft_context(outputs[7], positions, row_slots)
         n = slots.shape[0]
         return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
                 Acceptance(accepted[:n], committed[:n]), verified[:n])
 
     def warmup(self, geometry: Geometry) -> None:
-        """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (verify,
-        accept, commit); writes touch only the scratch slot."""
+        """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (split,
+        verify, accept, commit); writes touch only the scratch slot."""
         if self.graphs is None:
             return
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731

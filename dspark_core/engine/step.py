@@ -151,7 +151,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
         choice.rows - bucket if choice.draft_rows is None else choice.draft_rows)
     packed, acceptance, lengths = step.runner.verify_commit(
         proposal.tokens, budget.lengths, step.slots, bucket, choice.rows, confidences=proposal.confidences,
-        caps=step.caps, draft_rows=draft_rows)
+        caps=step.caps, draft_rows=draft_rows, queue_context=step.policy.uses_draft)
     return Verification(packed, acceptance, committed=True, lengths=lengths)
 
 
@@ -167,7 +167,7 @@ def collect(proposal: Proposal, budget: Budget, verification: Verification) -> S
     tensor (token ids and counts are exact in float64), so the host waits for the device once.
     """
     acceptance = verification.acceptance
-    n, width = proposal.confidences.shape
+    width = proposal.confidences.shape[1]
     lengths = verification.lengths if verification.lengths is not None else budget.lengths
     assert lengths is not None, "a budget without lengths is verified by the core's verify, which reports them"
     columns = [acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, proposal.confidences]
