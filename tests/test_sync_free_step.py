@@ -45,10 +45,12 @@ STEP = "dspark_core/engine/step.py"
 COLLECT = {("cpu", f"{STEP}:collect"), ("numpy", f"{STEP}:collect")}
 TIER_ON_OWN_CONFIDENCES = {("cpu", f"{STEP}:select_budget"), ("numpy", f"{STEP}:select_budget")}
 EARLY_PROPOSAL_COPY = {("cpu", f"{STEP}:propose"), ("numpy", f"{STEP}:propose")}
-# made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the batch
+# made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the
+# batch, check the pack fit, and decide whether the verify key splits (a recorded graph computes both)
 EAGER_ONLY = {("_local_scalar_dense", "dspark_core/models/dspark_draft.py:backbone"),
               ("tolist", "dspark_core/models/layers.py:build"),
-              ("_local_scalar_dense", "kernels/pack.py:pack")}
+              ("_local_scalar_dense", "kernels/pack.py:pack"),
+              ("_local_scalar_dense", "dspark_core/engine/runner.py:_verify_fn")}  # split in the key or not
 
 
 @pytest.fixture(scope="module")

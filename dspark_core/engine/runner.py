@@ -17,7 +17,7 @@ from dspark_core.engine.draft_context import DraftContextQueue
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.errors import ConfigError, ModelError
 from dspark_core.geometry import Geometry
-from dspark_core.graphs import BindingKey, GraphBackend
+from dspark_core.graphs import BindingKey, GraphBackend, static_shapes_active
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
 from dspark_kernels import kernels_for
 from dspark_kernels.accept_commit import Acceptance, gather_target_tokens
@@ -199,10 +199,12 @@ class ModelRunner:
         prefixes, write the rows into the draft's context (``write_context``) and commit to slot
         storage. Outputs: accepted, committed, verify lengths, the packed rows (tokens, positions,
         slots, offsets) and, when the context is not written here, the target's hidden states."""
-        if self.draft is not None:
-            # computed on every step and chosen by the flag: a recorded graph cannot branch on it
+        if self.draft is not None and static_shapes_active():
+            # a recorded graph cannot branch on the flag: computed on every replay, chosen by it
             allocated = self.kernels.allocate(confidences, caps, draft_rows)
             lengths = torch.where(draft_rows >= 0, allocated, lengths)
+        elif self.draft is not None and int(draft_rows) >= 0:  # eager: only when asked (free on a CPU)
+            lengths = self.kernels.allocate(confidences, caps, int(draft_rows))
         lengths = torch.where(caps < 0, -1, lengths)  # empty bucket entries: no row
         anchors, starts = self.storage.anchors(slot_ids)
         packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
