@@ -182,5 +182,10 @@ def allocate_split(kernels: KernelSet, confidences: torch.Tensor, caps: torch.Te
     the wanted draft rows (by default all of the tier's, so padding is spent on real tokens)."""
     if choice.lengths is not None:
         return torch.minimum(host_to_device(choice.lengths, caps.device), caps)
-    rows = choice.rows - request_bucket if choice.draft_rows is None else choice.draft_rows
-    return kernels.allocate(confidences, caps, rows)
+    return kernels.allocate(confidences, caps, split_rows(choice, request_bucket))
+
+
+def split_rows(choice: TierChoice, request_bucket: int) -> int:
+    """The draft rows the allocate kernel divides: the choice's wanted rows, else all of the tier's
+    rows past one anchor per bucket slot."""
+    return choice.rows - request_bucket if choice.draft_rows is None else choice.draft_rows

@@ -170,26 +170,28 @@ class ModelRunner:
         return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
                           str(self.device))
 
-    def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
-                      request_bucket: int, confidences: torch.Tensor | None = None, caps: torch.Tensor | None = None,
+    def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor | None, confidences: torch.Tensor,
+                      caps: torch.Tensor, slots: torch.Tensor, request_bucket: int,
                       draft_rows: int = -1) -> dict[str, torch.Tensor]:
         """Fixed-shape inputs for a key of ``request_bucket``. Empty bucket slots sit on the scratch slot
         with cap and length -1 (no row at all: not even an anchor), so every step of a key has the same
         shapes. ``lengths`` None: the key splits ``draft_rows`` (>= 0) itself with the allocate kernel."""
-        n, extra = slots.shape[0], request_bucket - slots.shape[0]
+        extra = request_bucket - slots.shape[0]
         if lengths is None:
-            lengths = slots.new_zeros(n)
-        if confidences is None:
-            confidences = torch.zeros(n, self.draft_width, dtype=torch.float32, device=slots.device)
-        if caps is None:
-            caps = lengths
+            lengths = torch.zeros_like(caps)
+        confidences = confidences.float()
         return {"drafts": torch.cat([drafts, drafts.new_zeros(extra, drafts.shape[1])]),
                 "lengths": torch.cat([lengths, lengths.new_full((extra,), -1)]),
-                "confidences": torch.cat([confidences.float(), confidences.new_zeros(extra, confidences.shape[1],
-                                                                                        dtype=torch.float32)]),
+                "confidences": torch.cat([confidences, confidences.new_zeros(extra, confidences.shape[1])]),
                 "caps": torch.cat([caps, caps.new_full((extra,), -1)]),
                 "draft_rows": torch.full((), draft_rows, dtype=torch.int64, device=slots.device),
                 "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
+
+    @staticmethod
+    def writes_context(request_bucket: int, target_rows: int) -> bool:
+        """Whether a verify key writes its rows into the draft's context itself: a tier that verifies
+        drafted rows does; the bucket's own tier (draft-off steps) queues them instead."""
+        return target_rows > request_bucket
 
     def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, confidences: torch.Tensor, caps: torch.Tensor,
                    draft_rows: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
@@ -203,8 +205,8 @@ class ModelRunner:
             # a recorded graph cannot branch on the flag: computed on every replay, chosen by it
             allocated = self.kernels.allocate(confidences, caps, draft_rows)
             lengths = torch.where(draft_rows >= 0, allocated, lengths)
-        elif self.draft is not None and int(draft_rows) >= 0:  # eager: only when asked (free on a CPU)
-            lengths = self.kernels.allocate(confidences, caps, int(draft_rows))
+        elif self.draft is not None and (rows := int(draft_rows)) >= 0:  # eager: only when asked (free on a CPU)
+            lengths = self.kernels.allocate(confidences, caps, rows)
         lengths = torch.where(caps < 0, -1, lengths)  # empty bucket entries: no row
         anchors, starts = self.storage.anchors(slot_ids)
         packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
@@ -227,9 +229,8 @@ class ModelRunner:
         return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
-                      request_bucket: int, target_rows: int, *, confidences: torch.Tensor | None = None,
-                      caps: torch.Tensor | None = None, draft_rows: int = -1, queue_context: bool = True
-                      ) -> tuple[PackedRows, Acceptance, torch.Tensor]:
+                      request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
+                      draft_rows: int = -1, queue_context: bool = True) -> tuple[PackedRows, Acceptance, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
         ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance and the lengths.
@@ -239,15 +240,15 @@ class ModelRunner:
         bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again,
         and only with ``queue_context`` (False for a policy that never drafts).
         """
-        if lengths is None and (draft_rows < 0 or self.draft is None or confidences is None or caps is None):
-            raise ValueError("verify_commit: a split inside the key needs a draft, confidences, caps and draft_rows >= 0")
-        write_context = target_rows > request_bucket
-        inputs = self.verify_inputs(drafts, lengths, slots, request_bucket, confidences, caps,
+        if lengths is None and (draft_rows < 0 or self.draft is None):
+            raise ValueError("verify_commit: a split inside the key needs a draft and draft_rows >= 0")
+        inputs = self.verify_inputs(drafts, lengths, confidences, caps, slots, request_bucket,
                                     draft_rows if lengths is None else -1)
         if self.graphs is not None:
             outputs = self.graphs.run(self.binding_key(request_bucket, target_rows), inputs)
         else:
-            outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
+            outputs = self._verify_fn(**inputs, target_rows=target_rows,
+                                      write_context=self.writes_context(request_bucket, target_rows))
         accepted, committed, verified, tokens, positions, row_slots, row_offsets = outputs[:7]
         if len(outputs) > 7 and queue_context and self.draft_context is not None:
             self.extend_draft_context(outputs[7], positions, row_slots)
@@ -265,8 +266,8 @@ class ModelRunner:
             if self.draft is not None:
                 self.graphs.prepare(self.proposal_key(bucket), self._propose_fn,
                                     {"slot_ids": as_long([self.scratch_slot] * bucket)})
-            example = self.verify_inputs(torch.zeros(0, self.draft_width, dtype=torch.int64, device=self.device),
-                                         as_long([]), as_long([]), bucket)
+            no_requests = torch.zeros(0, self.draft_width, device=self.device)
+            example = self.verify_inputs(no_requests.long(), as_long([]), no_requests, as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):
-                fn = partial(self._verify_fn, target_rows=rows, write_context=rows > bucket)
+                fn = partial(self._verify_fn, target_rows=rows, write_context=self.writes_context(bucket, rows))
                 self.graphs.prepare(self.binding_key(bucket, rows), fn, example)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -29,7 +30,7 @@ from attrs import define, frozen
 from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice
+from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice, split_rows
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 
@@ -91,9 +92,6 @@ class DecodeStep:
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
     proposal_ready: Future[np.ndarray] | None = None
-    # True while the core's own verify runs this step: the default split can then run inside its
-    # graph key (set by StepStages; a plugin's verify gets the lengths in the budget)
-    split_in_verify: bool = False
 
 
 @frozen
@@ -124,8 +122,12 @@ def propose(step: DecodeStep) -> Proposal:
     return Proposal(tokens, confidences.float())
 
 
-def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
-    """Tier from the host's (possibly older) confidences; split with the current ones."""
+def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool = False) -> Budget:
+    """Tier from the host's (possibly older) confidences; split with the current ones.
+
+    ``split_in_verify`` (the core's verify runs the step): a policy whose split is
+    :func:`~dspark_core.policy.allocate_split` leaves it to the verify key (``Budget.lengths`` None).
+    """
     policy = step.policy
     if not step.draft:  # the plan turned the draft off: anchors only, nothing to split
         return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
@@ -134,7 +136,7 @@ def select_budget(step: DecodeStep, proposal: Proposal) -> Budget:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
     caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
     choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
-    if step.split_in_verify and choice.lengths is None and getattr(policy, "split", None) is allocate_split:
+    if split_in_verify and choice.lengths is None and getattr(policy, "split", None) is allocate_split:
         return Budget(choice, None)  # the allocate kernel runs inside the verify key
     lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice, step.tier_context.request_bucket)
     return Budget(choice, lengths)
@@ -147,8 +149,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     this stage here (``Verification.committed``); a plugin's verify leaves it to :func:`commit`.
     """
     bucket, choice = step.tier_context.request_bucket, budget.choice
-    draft_rows = -1 if budget.lengths is not None else (
-        choice.rows - bucket if choice.draft_rows is None else choice.draft_rows)
+    draft_rows = -1 if budget.lengths is not None else split_rows(choice, bucket)
     packed, acceptance, lengths = step.runner.verify_commit(
         proposal.tokens, budget.lengths, step.slots, bucket, choice.rows, confidences=proposal.confidences,
         caps=step.caps, draft_rows=draft_rows, queue_context=step.policy.uses_draft)
@@ -202,16 +203,19 @@ class StepStages:
     def __init__(self, hooks: Hooks) -> None:
         self.propose: Callable[[DecodeStep], Proposal] = (
             _plugin_first(hooks.propose, propose) if hooks.implements("dspark_propose") else propose)
+        # with the core's verify, the default split runs inside its graph key; a plugin's verify
+        # gets the lengths in the budget
+        core_verify = not hooks.implements("dspark_verify")
+        core_budget = partial(select_budget, split_in_verify=core_verify)
         self.select_budget: Callable[[DecodeStep, Proposal], Budget] = (
-            _plugin_first(hooks.select_budget, select_budget) if hooks.implements("dspark_select_budget")
-            else select_budget)
+            _plugin_first(hooks.select_budget, core_budget) if hooks.implements("dspark_select_budget")
+            else core_budget)
         self.verify: Callable[[DecodeStep, Proposal, Budget], Verification] = (
-            _plugin_first(hooks.verify, verify) if hooks.implements("dspark_verify") else verify)
+            verify if core_verify else _plugin_first(hooks.verify, verify))
         self.observe_commit = hooks.commit if hooks.implements("dspark_commit") else None
 
     def run(self, step: DecodeStep) -> StepResult:
         """Propose, select the budget, verify and commit one step on the calling thread; its host copy."""
-        step.split_in_verify = self.verify is verify
         proposal = self.propose(step)
         budget = self.select_budget(step, proposal)
         verification = self.verify(step, proposal, budget)
