@@ -39,8 +39,19 @@ def test_packed_product_takes_any_leading_shape_and_bfloat16():
     x, w = torch.randn(2, 7, 32, generator=gen), torch.randn(40, 32, generator=gen)
     torch.testing.assert_close(linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
     xb, wb = x.bfloat16(), w.bfloat16()
-    assert cpu_linear.takes_packed_path(xb, wb)
+    # packed only where oneDNN has bfloat16 products (AVX512 or AVX-NE-CONVERT); elsewhere F.linear, same result
+    assert cpu_linear.takes_packed_path(xb, wb) == cpu_linear.bfloat16_packed_supported()
     torch.testing.assert_close(linear(xb, wb).float(), (xb.float() @ wb.float().T), rtol=2e-2, atol=5e-2)
+
+
+def test_bfloat16_without_onednn_support_takes_f_linear(monkeypatch):
+    # on a CPU without oneDNN bfloat16 the packed operator raises; the product must not reach it
+    monkeypatch.setattr(cpu_linear, "bfloat16_packed_supported", lambda: False)
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(3, 16, generator=gen).bfloat16(), torch.randn(8, 16, generator=gen).bfloat16()
+    assert not cpu_linear.takes_packed_path(x, w)
+    assert cpu_linear.takes_packed_path(x.float(), w.float())  # float32 keeps the packed path
+    torch.testing.assert_close(linear(x, w), torch.nn.functional.linear(x, w))
 
 
 def test_in_place_update_repacks_the_weight():

@@ -14,7 +14,8 @@ A packed weight is a copy (the target's weights are held twice on the CPU). It
 is built on a weight's first use and remembered by the weight's identity and
 version counter, so an in-place update (an optimizer step) repacks it and a
 freed weight drops its copy. Products that autograd must see (training) and
-anything that is not a 2-D float32/bfloat16 CPU weight take ``F.linear``.
+anything that is not a 2-D float32/bfloat16 CPU weight take ``F.linear``, and so
+do bfloat16 weights on CPUs where oneDNN has no bfloat16 products.
 ``DSPARK_CPU_LINEAR=aten`` turns the packed path off for comparison.
 """
 
@@ -39,6 +40,16 @@ def onednn_available() -> bool:
         return bool(torch.backends.mkldnn.is_available()) and ops is not None and \
             hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")
     except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def bfloat16_packed_supported() -> bool:
+    """True when oneDNN can run bfloat16 products on this CPU. Without AVX512 (BW/VL/DQ) or AVX-NE-CONVERT
+    its packed bfloat16 operator raises instead of emulating, so bfloat16 weights then take ``F.linear``."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # private; absent or changed: assume no
         return False
 
 
@@ -76,9 +87,10 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
 
 def takes_packed_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """True when ``x @ weight.T + bias`` can run on a packed weight (CPU, inference, 2-D weight,
-    float32/bfloat16, one dtype throughout)."""
+    float32, or bfloat16 where oneDNN supports it; one dtype throughout)."""
     return (weight.device.type == "cpu" and x.device.type == "cpu" and weight.dim() == 2
-            and weight.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype
+            and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and bfloat16_packed_supported()))
+            and x.dtype == weight.dtype
             and (bias is None or bias.dtype == weight.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and enabled())
