@@ -27,6 +27,16 @@ def load_draft_model(draft_path: str = "default", draft_dtype: torch.dtype | Non
     return load_draft(draft_path) if draft_dtype is None else load_draft(draft_path, dtype=draft_dtype)
 
 
+def cpu_draft_dtype(name: str) -> str:
+    """``auto`` → what the CPU device gives the draft by default (bfloat16 where the CPU multiplies it
+    natively, else float32), so a script measures the dtype serving would use; other names pass through."""
+    if name != "auto":
+        return name
+    from dspark_plugins.devices.cpu import native_bfloat16
+
+    return "bfloat16" if native_bfloat16() else "float32"
+
+
 def mtbench_chats(count: int) -> list:
     from dspark_core.train.data import mtbench_first_turns
 
@@ -34,11 +44,15 @@ def mtbench_chats(count: int) -> list:
 
 
 def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", overlap: bool = True,
-                buckets=(1, 2, 4, 8, 16), table=None, policy_options=None, max_model_len: int = 1024) -> Engine:
+                buckets=(1, 2, 4, 8, 16), table=None, policy_options=None, max_model_len: int = 1024,
+                tiers: str = "bucket_multiples") -> Engine:
+    """An engine on the real target; ``tiers`` names the captured target-row tiers (a Geometry constructor:
+    ``bucket_multiples`` as ``make serve`` captures, or ``all_tiers``)."""
+    geometry = getattr(Geometry, tiers)(width, buckets)
     engine = Engine(target, draft, EngineConfig(draft_width=width, policy=policy, policy_options=policy_options or {},
                                                 request_buckets=buckets, max_model_len=max_model_len,
                                                 schedule_overlap=overlap),
-                    geometry=Geometry.bucket_multiples(width, buckets))
+                    geometry=geometry)
     if table is not None:
         engine.install_table(table)
     return engine

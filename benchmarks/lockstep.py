@@ -17,19 +17,40 @@ engines' turns, so it reports no latency.
 
     python benchmarks/lockstep.py --prompts /path/heldout.jsonl --concurrency 4 \\
         --table benchmarks/results/draft-long/k7/cost-table.json --output lockstep.json
+
+Each row also splits the policy's step times by kind (draft-off or drafted, all ``--concurrency``
+requests live or fewer, with or without a prefill in the same call), so a policy's draft-off steps can
+be set against target-only's steps directly. ``--tiers all_tiers`` captures every legal row count
+instead of the bucket multiples ``make serve`` uses (its table must then be calibrated with
+``--captured_target_rows=all``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
-from common import load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
+from common import cpu_draft_dtype, load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
 
 from dspark_core.engine.request import SamplingParams
 from dspark_core.prompts import read_prompts_jsonl
+
+
+def step_kind(new_reports: list, concurrency: int, admitted: bool) -> str:
+    """Name one ``step()`` call by what it did, so step times can be compared kind by kind across policies.
+
+    ``full`` means the decode ran with ``concurrency`` live requests (the steady state), ``partial`` with
+    fewer; ``+prefill`` marks a call that also admitted prompts, whose prefill lands in the same call."""
+    if len(new_reports) != 1:
+        kind = "no-decode" if not new_reports else "several"
+    else:
+        report = new_reports[0]
+        size = "full" if report.live_requests == concurrency else "partial"
+        kind = f"{'draft-off' if report.draft_off else 'drafted'}-{size}"
+    return kind + ("+prefill" if admitted else "")
 
 
 def main() -> None:
@@ -45,7 +66,10 @@ def main() -> None:
                         help='JSON {"label": ["adaptive", {options}]}: more priced policies beside `adaptive`.')
     parser.add_argument("--other_tables", default="{}",
                         help='JSON {"label": "path"}: more `adaptive` engines, each priced by its own saved table.')
-    parser.add_argument("--draft_dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--draft_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="`auto`: the CPU device's draft default (bfloat16 only with native bfloat16 products).")
+    parser.add_argument("--tiers", default="bucket_multiples", choices=("bucket_multiples", "all_tiers"),
+                        help="Captured target-row tiers of every engine (`all_tiers`: every legal row count).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
@@ -62,6 +86,7 @@ def main() -> None:
     if other_tables and args.table is None:
         parser.error("--other_tables needs --table (the tables are compared with `adaptive`'s)")
     set_threads(args.threads)
+    args.draft_dtype = cpu_draft_dtype(args.draft_dtype)
     specs = policy_specs([int(k) for k in args.widths.split(",") if k], args.table is not None, variants)
     specs.update({label: ("adaptive", {}) for label in other_tables})
     prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
@@ -69,9 +94,11 @@ def main() -> None:
 
     target, _ = load_models(None)
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
-                                   label_tables=other_tables, width=args.width, max_model_len=2048)
+                                   label_tables=other_tables, width=args.width, max_model_len=2048,
+                                   tiers=args.tiers)
     params = SamplingParams(max_tokens=args.max_tokens)
     queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}
+    step_times: dict[str, dict[str, list[float]]] = {label: {} for label in specs}  # kind → seconds per step()
     order: dict[str, dict[str, int]] = {label: {} for label in specs}  # request id → prompt index
     for label, engine in engines.items():
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
@@ -83,13 +110,17 @@ def main() -> None:
         for label, engine in engines.items():
             if not (queues[label] or live[label]):
                 continue
+            admitted = live[label] < args.concurrency and bool(queues[label])
             while live[label] < args.concurrency and queues[label]:
                 index, prompt = queues[label].pop(0)
                 order[label][engine.add_request(prompt, params).request_id] = index
                 live[label] += 1
+            reported = len(reports[label])
             started = time.perf_counter()
             finished = engine.step()
-            seconds[label] += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            seconds[label] += elapsed
+            step_times[label].setdefault(step_kind(reports[label][reported:], args.concurrency, admitted), []).append(elapsed)
             for output in finished:
                 outputs[label][order[label][output.request_id]] = output.token_ids
                 live[label] -= 1
@@ -105,13 +136,16 @@ def main() -> None:
                "vs_target_only": round(tokens / seconds[label] / reference_rate, 3),
                "decode_steps": len(steps),
                "rows_per_request": round(sum(r.target_rows for r in steps) / max(1, sum(r.live_requests for r in steps)), 2),
-               "identical": [outputs[label][i] for i in range(len(prompts))] == reference}
+               "identical": [outputs[label][i] for i in range(len(prompts))] == reference,
+               "step_ms": {kind: {"steps": len(times), "median": round(1000 * statistics.median(times), 2),
+                                  "mean": round(1000 * statistics.fmean(times), 2)}
+                           for kind, times in sorted(step_times[label].items())}}
         results.append(row)
         print(row, flush=True)
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
-        "threads": args.threads, "draft_dtype": args.draft_dtype}, results)
+        "threads": args.threads, "tiers": args.tiers, "draft_dtype": args.draft_dtype}, results)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,14 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
     assert rows["none"]["vs_target_only"] == 1.0
     assert rows["none"]["rows_per_request"] == pytest.approx(1.0, abs=0.05)
     assert rows["fixed-k3"]["rows_per_request"] > rows["fixed-k1"]["rows_per_request"] > 1.5
+    # the per-kind step times: target-only never drafts, a fixed width always does; every decode is counted
+    assert all(kind.startswith("draft-off") or kind.startswith("no-decode") for kind in rows["none"]["step_ms"])
+    assert not any(kind.startswith("draft-off") for kind in rows["fixed-k1"]["step_ms"])
+    assert any(kind.endswith("+prefill") for kind in rows["none"]["step_ms"])
+    for row in rows.values():
+        decoded = sum(v["steps"] for kind, v in row["step_ms"].items() if not kind.startswith(("no-decode", "several")))
+        assert decoded == row["decode_steps"], row
+        assert all(v["median"] > 0 for v in row["step_ms"].values())
 
 
 @pytest.mark.parametrize("args, message", [
