@@ -94,6 +94,25 @@ def test_the_cpu_device_applies_cpu_threads(monkeypatch):
     DeviceSpec("plain", "cpu", "float32", "static", "gloo").prepare_launch(None)  # the base spec does nothing
 
 
+def test_the_cpu_device_warns_when_bfloat16_would_be_emulated(monkeypatch):
+    import dspark_plugins.devices.cpu as cpu_plugin
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    cpu = default_hooks().device("cpu")
+    for native, flags, expected in [
+        (False, ["--draft_dtype=bfloat16"], [{"draft_dtype": "bfloat16"}]),
+        (False, ["--dtype=bfloat16"], [{"dtype": "bfloat16"}]),
+        (False, [], []),  # auto: nothing asked, nothing to warn about
+        (True, ["--dtype=bfloat16", "--draft_dtype=bfloat16"], []),  # native: bfloat16 is the fast choice
+    ]:
+        monkeypatch.setattr(cpu_plugin, "native_bfloat16", lambda native=native: native)
+        with structlog.testing.capture_logs() as logs:
+            cpu.prepare_launch(parse_serve_args(["--model=m", *flags]))
+        warnings = [{k: e[k] for k in ("dtype", "draft_dtype") if k in e} for e in logs if e["log_level"] == "warning"]
+        assert warnings == expected, (native, flags, logs)
+        assert all("emulated" in e["event"] for e in logs if e["log_level"] == "warning")
+
+
 def test_the_cuda_device_defaults_to_exact_float32_and_turns_tf32_off(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"device=cuda: this PyTorch build sees no CUDA device"):

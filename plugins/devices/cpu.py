@@ -7,6 +7,7 @@ from typing import Any
 
 from attrs import frozen
 
+from dspark_core.audit import get_logger
 from dspark_core.components import Component
 from dspark_core.device import DeviceSpec
 from dspark_core.hookspecs import hookimpl
@@ -14,13 +15,21 @@ from dspark_core.hookspecs import hookimpl
 
 @frozen
 class CpuDevice(DeviceSpec):
-    """The CPU spec; at launch it applies ``--cpu_threads`` (0 keeps PyTorch's default)."""
+    """The CPU spec; at launch it applies ``--cpu_threads`` (0 keeps PyTorch's default) and warns when
+    bfloat16 is asked of a CPU that can only emulate it."""
 
     def prepare_launch(self, config: Any) -> None:
         if config.cpu_threads > 0:
             import torch
 
             torch.set_num_threads(config.cpu_threads)
+        asked = {flag: value for flag, value in (("dtype", config.dtype), ("draft_dtype", config.draft_dtype))
+                 if value == "bfloat16"}
+        if asked and not native_bfloat16():
+            # it runs (through F.linear), but slower than float32: say so once, at startup
+            get_logger("cpu").warning(
+                "bfloat16 asked on a CPU without native bfloat16 products: they are emulated and run slower "
+                "than float32; drop the flag (auto) to keep float32", **asked)
 
 
 def native_bfloat16() -> bool:
