@@ -27,6 +27,12 @@ def load_draft_model(draft_path: str = "default", draft_dtype: torch.dtype | Non
     return load_draft(draft_path) if draft_dtype is None else load_draft(draft_path, dtype=draft_dtype)
 
 
+def add_draft_dtype_argument(parser) -> None:
+    """The scripts' ``--draft_dtype``; resolve it with :func:`cpu_draft_dtype` after parsing."""
+    parser.add_argument("--draft_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="`auto`: the CPU device's draft default (bfloat16 only with native bfloat16 products).")
+
+
 def cpu_draft_dtype(name: str) -> str:
     """``auto`` → what the CPU device gives the draft by default (bfloat16 where the CPU multiplies it
     natively, else float32), so a script measures the dtype serving would use; other names pass through."""

@@ -33,7 +33,8 @@ import statistics
 import time
 
 import torch
-from common import cpu_draft_dtype, load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
+from common import (add_draft_dtype_argument, cpu_draft_dtype, load_models, mtbench_chats, policy_specs,
+                    set_threads, side_by_side_engines, write_results)
 
 from dspark_core.engine.request import SamplingParams
 from dspark_core.prompts import read_prompts_jsonl
@@ -66,8 +67,7 @@ def main() -> None:
                         help='JSON {"label": ["adaptive", {options}]}: more priced policies beside `adaptive`.')
     parser.add_argument("--other_tables", default="{}",
                         help='JSON {"label": "path"}: more `adaptive` engines, each priced by its own saved table.')
-    parser.add_argument("--draft_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="`auto`: the CPU device's draft default (bfloat16 only with native bfloat16 products).")
+    add_draft_dtype_argument(parser)
     parser.add_argument("--tiers", default="bucket_multiples", choices=("bucket_multiples", "all_tiers"),
                         help="Captured target-row tiers of every engine (`all_tiers`: every legal row count).")
     parser.add_argument("--threads", type=int, default=2)

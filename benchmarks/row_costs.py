@@ -23,7 +23,8 @@ import statistics
 import time
 
 import torch
-from common import cpu_draft_dtype, load_models, mtbench_chats, policy_specs, set_threads, side_by_side_engines, write_results
+from common import (add_draft_dtype_argument, cpu_draft_dtype, load_models, mtbench_chats, policy_specs,
+                    set_threads, side_by_side_engines, write_results)
 
 from dspark_core.engine.request import SamplingParams
 
@@ -47,8 +48,7 @@ def main() -> None:
     parser.add_argument("--widths", default="1,3,5,7", help="Fixed widths k to compare with target-only (K = 7).")
     parser.add_argument("--concurrency", type=int, default=1, help="Requests decoding together in every engine.")
     parser.add_argument("--steps", type=int, default=120, help="Decode steps per policy (taken in turns).")
-    parser.add_argument("--draft_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="`auto`: the CPU device's draft default (bfloat16 only with native bfloat16 products).")
+    add_draft_dtype_argument(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--table", default=None, help="A saved cost table: also step an adaptive engine priced by it.")
     parser.add_argument("--output", default=None)
