@@ -72,9 +72,14 @@ class StepPlanner:
         known = np.stack([self.confidences_up_to(r, index - max(lag, 1)) for r in running])
         plan = plan_step(policy, ctx, known, cap_values)
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
-        step = DecodeStep(self.runner, self.storage, policy, ctx,
-                          host_to_device([r.slot for r in running], device),
-                          host_to_device(cap_values, device), host_caps=cap_values, draft=plan.draft, index=index)
+        # slots and caps go to the device once, already padded to the bucket (the scratch slot, cap -1):
+        # the keys take them as they are, and the step's own views are their first n entries
+        padding = bucket - n
+        bucket_slots = host_to_device([r.slot for r in running] + [self.runner.scratch_slot] * padding, device)
+        bucket_caps = host_to_device(np.concatenate([cap_values, np.full(padding, -1, dtype=np.int64)]), device)
+        step = DecodeStep(self.runner, self.storage, policy, ctx, bucket_slots[:n], bucket_caps[:n],
+                          host_caps=cap_values, draft=plan.draft, index=index,
+                          bucket_slots=bucket_slots, bucket_caps=bucket_caps)
         if lag > 0:
             step.tier_confidences = known
         if plan.draft and queue_depth > 1 and lag == 1:  # the next step will wait for this proposal

@@ -129,13 +129,20 @@ class ModelRunner:
         (padded to the bucket on the scratch slot), anchors read and proposal recorded inside it;
         otherwise eagerly.
         """
-        self.flush_draft_context()
         if self.graphs is None or request_bucket is None:
+            self.flush_draft_context()
             return self._propose_fn(slots)
         n = slots.shape[0]
-        padded = torch.cat([slots, slots.new_full((request_bucket - n,), self.scratch_slot)])
-        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket), {"slot_ids": padded})
+        tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket)
         return tokens[:n], confidences[:n]
+
+    def propose_bucket(self, bucket_slots: torch.Tensor, request_bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's ``propose`` key on slots already padded to it (the scratch slot); returns the
+        key's whole outputs, one row per bucket entry (rows of the scratch slot are meaningless)."""
+        self.flush_draft_context()
+        assert self.graphs is not None, "propose_bucket runs the proposal key of a graph backend"
+        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket), {"slot_ids": bucket_slots})
+        return tokens, confidences
 
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,17 +182,18 @@ class ModelRunner:
                       draft_rows: int = -1) -> dict[str, torch.Tensor]:
         """Fixed-shape inputs for a key of ``request_bucket``. Empty bucket slots sit on the scratch slot
         with cap and length -1 (no row at all: not even an anchor), so every step of a key has the same
-        shapes. ``lengths`` None: the key splits ``draft_rows`` (>= 0) itself with the allocate kernel."""
-        extra = request_bucket - slots.shape[0]
+        shapes. ``lengths`` None: the key splits ``draft_rows`` (>= 0) itself with the allocate kernel.
+        An input already padded to the bucket (the step builds slots and caps that way) is taken as it
+        is; a padded entry sits on the scratch slot with cap -1, so its drafts, confidences and length
+        are never read."""
         if lengths is None:
             lengths = torch.zeros_like(caps)
-        confidences = confidences.float()
-        return {"drafts": torch.cat([drafts, drafts.new_zeros(extra, drafts.shape[1])]),
-                "lengths": torch.cat([lengths, lengths.new_full((extra,), -1)]),
-                "confidences": torch.cat([confidences, confidences.new_zeros(extra, confidences.shape[1])]),
-                "caps": torch.cat([caps, caps.new_full((extra,), -1)]),
+        return {"drafts": pad_to(drafts, request_bucket, 0),
+                "lengths": pad_to(lengths, request_bucket, -1),
+                "confidences": pad_to(confidences.float(), request_bucket, 0),
+                "caps": pad_to(caps, request_bucket, -1),
                 "draft_rows": torch.full((), draft_rows, dtype=torch.int64, device=slots.device),
-                "slot_ids": torch.cat([slots, slots.new_full((extra,), self.scratch_slot)])}
+                "slot_ids": pad_to(slots, request_bucket, self.scratch_slot)}
 
     @staticmethod
     def writes_context(request_bucket: int, target_rows: int) -> bool:
@@ -230,7 +238,8 @@ class ModelRunner:
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
-                      draft_rows: int = -1, queue_context: bool = True) -> tuple[PackedRows, Acceptance, torch.Tensor]:
+                      draft_rows: int = -1, queue_context: bool = True,
+                      live: int | None = None) -> tuple[PackedRows, Acceptance, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
         ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance and the lengths.
@@ -238,7 +247,9 @@ class ModelRunner:
         Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
         one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
         bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again,
-        and only with ``queue_context`` (False for a policy that never drafts).
+        and only with ``queue_context`` (False for a policy that never drafts). Any input may come
+        already padded to the bucket; ``live`` then says how many requests are real (by default as many
+        as ``slots`` has entries).
         """
         if lengths is None and (draft_rows < 0 or self.draft is None):
             raise ValueError("verify_commit: a split inside the key needs a draft and draft_rows >= 0")
@@ -252,7 +263,7 @@ class ModelRunner:
         accepted, committed, verified, tokens, positions, row_slots, row_offsets = outputs[:7]
         if len(outputs) > 7 and queue_context and self.draft_context is not None:
             self.extend_draft_context(outputs[7], positions, row_slots)
-        n = slots.shape[0]
+        n = slots.shape[0] if live is None else live
         return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
                 Acceptance(accepted[:n], committed[:n]), verified[:n])
 
@@ -271,3 +282,11 @@ class ModelRunner:
             for rows in geometry.rows_for(bucket):
                 fn = partial(self._verify_fn, target_rows=rows, write_context=self.writes_context(bucket, rows))
                 self.graphs.prepare(self.binding_key(bucket, rows), fn, example)
+
+
+def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:
+    """``values`` with rows of ``fill`` appended up to ``rows`` (``values`` itself when it has them)."""
+    extra = rows - values.shape[0]
+    if extra == 0:
+        return values
+    return torch.cat([values, values.new_full((extra, *values.shape[1:]), fill)])

@@ -41,6 +41,11 @@ class Proposal:
 
     tokens: torch.Tensor  # [n, K] int64
     confidences: torch.Tensor  # [n, K] float32
+    # the same padded to the request bucket (the proposal key's whole outputs; ``tokens`` and
+    # ``confidences`` are their first n rows), so the verify key takes them without a copy.
+    # None: only the n rows exist (an eager proposal)
+    bucket_tokens: torch.Tensor | None = None
+    bucket_confidences: torch.Tensor | None = None
 
 
 @frozen
@@ -80,6 +85,11 @@ class DecodeStep:
     tier_context: TierContext
     slots: torch.Tensor  # [n] KV slot of each running request
     caps: torch.Tensor  # [n] most drafted tokens each request may verify
+    # slots and caps padded to the request bucket (the scratch slot, cap -1), built on the host in one
+    # copy each, so the keys' inputs need no padding on the device; ``slots`` and ``caps`` are their
+    # first n entries. None: pad when a key needs them
+    bucket_slots: torch.Tensor | None = None
+    bucket_caps: torch.Tensor | None = None
     # the same caps as the host built them, so the tier decision reads nothing back from the device
     # (None: copy ``caps`` back, one device-to-host read)
     host_caps: np.ndarray | None = None
@@ -113,13 +123,22 @@ class StepResult:
 def propose(step: DecodeStep) -> Proposal:
     """Draft K tokens per request (zeros when the policy runs no draft, or not this step)."""
     n, width = step.slots.shape[0], step.runner.draft_width
+    rows = n if step.bucket_slots is None else step.bucket_slots.shape[0]
     if not step.draft or not step.policy.uses_draft:
-        zeros = torch.zeros(n, width, dtype=torch.int64, device=step.slots.device)
-        return Proposal(zeros, torch.zeros(n, width, dtype=torch.float32, device=step.slots.device))
-    tokens, confidences = step.runner.propose_from_storage(step.slots, step.tier_context.request_bucket)
+        zeros = torch.zeros(rows, width, dtype=torch.int64, device=step.slots.device)
+        zero_confidences = torch.zeros(rows, width, dtype=torch.float32, device=step.slots.device)
+        return Proposal(zeros[:n], zero_confidences[:n], zeros, zero_confidences)
+    bucket = step.tier_context.request_bucket
+    if step.bucket_slots is not None and step.runner.graphs is not None:
+        bucket_tokens, bucket_confidences = step.runner.propose_bucket(step.bucket_slots, bucket)
+        bucket_confidences = bucket_confidences.float()
+        tokens, confidences = bucket_tokens[:n], bucket_confidences[:n]
+    else:
+        tokens, confidences = step.runner.propose_from_storage(step.slots, bucket)
+        confidences, bucket_tokens, bucket_confidences = confidences.float(), None, None
     if step.proposal_ready is not None:
-        step.proposal_ready.set_result(confidences.float().cpu().numpy().astype(np.float64))
-    return Proposal(tokens, confidences.float())
+        step.proposal_ready.set_result(confidences.cpu().numpy().astype(np.float64))
+    return Proposal(tokens, confidences, bucket_tokens, bucket_confidences)
 
 
 def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool = False) -> Budget:
@@ -150,9 +169,13 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     """
     bucket, choice = step.tier_context.request_bucket, budget.choice
     draft_rows = -1 if budget.lengths is not None else split_rows(choice, bucket)
+    # the bucket-padded inputs where the step has them (no padding copies on the device)
+    padded = lambda full, rows: rows if full is None else full  # noqa: E731
     packed, acceptance, lengths = step.runner.verify_commit(
-        proposal.tokens, budget.lengths, step.slots, bucket, choice.rows, confidences=proposal.confidences,
-        caps=step.caps, draft_rows=draft_rows, queue_context=step.policy.uses_draft)
+        padded(proposal.bucket_tokens, proposal.tokens), budget.lengths, padded(step.bucket_slots, step.slots),
+        bucket, choice.rows, confidences=padded(proposal.bucket_confidences, proposal.confidences),
+        caps=padded(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
+        live=step.slots.shape[0])
     return Verification(packed, acceptance, committed=True, lengths=lengths)
 
 
