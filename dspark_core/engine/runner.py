@@ -208,7 +208,8 @@ class ModelRunner:
         ``draft_rows`` >= 0), pack the tier's rows from slot storage, run the target, accept greedy
         prefixes, write the rows into the draft's context (``write_context``) and commit to slot
         storage. Outputs: accepted, committed, verify lengths, the packed rows (tokens, positions,
-        slots, offsets) and, when the context is not written here, the target's hidden states."""
+        slots, offsets), the host result (:func:`~dspark_core.engine.step.collect`) and, when the context
+        is not written here, the target's hidden states."""
         if self.draft is not None and static_shapes_active():
             # a recorded graph cannot branch on the flag: computed on every replay, chosen by it
             allocated = self.kernels.allocate(confidences, caps, draft_rows)
@@ -232,17 +233,23 @@ class ModelRunner:
             # so writing now keeps the rows in order
             self.draft.extend_context(out.hidden, packed.positions, packed.row_slots)
         self.storage.commit(slot_ids, acceptance)
+        # what the host reads of the step, packed here so that reading it is one copy and no op
+        # outside the key (token ids and counts are exact in float64)
+        host_result = torch.cat([column.to(torch.float64) for column in (
+            acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, confidences)], dim=1)
         outputs = (acceptance.accepted, acceptance.committed, lengths, packed.tokens, packed.positions,
-                   packed.row_slots, packed.row_offsets)
+                   packed.row_slots, packed.row_offsets, host_result)
         return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
                       draft_rows: int = -1, queue_context: bool = True,
-                      live: int | None = None) -> tuple[PackedRows, Acceptance, torch.Tensor]:
+                      live: int | None = None) -> tuple[PackedRows, Acceptance, torch.Tensor, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
-        ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance and the lengths.
+        ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance, the lengths and
+        the step's host result ([n, 2 + (K+1) + K] float64: accepted, length, committed tokens,
+        confidences), all computed inside the key.
 
         Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
         one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
@@ -260,12 +267,12 @@ class ModelRunner:
         else:
             outputs = self._verify_fn(**inputs, target_rows=target_rows,
                                       write_context=self.writes_context(request_bucket, target_rows))
-        accepted, committed, verified, tokens, positions, row_slots, row_offsets = outputs[:7]
-        if len(outputs) > 7 and queue_context and self.draft_context is not None:
-            self.extend_draft_context(outputs[7], positions, row_slots)
+        accepted, committed, verified, tokens, positions, row_slots, row_offsets, host_result = outputs[:8]
+        if len(outputs) > 8 and queue_context and self.draft_context is not None:
+            self.extend_draft_context(outputs[8], positions, row_slots)
         n = slots.shape[0] if live is None else live
         return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
-                Acceptance(accepted[:n], committed[:n]), verified[:n])
+                Acceptance(accepted[:n], committed[:n]), verified[:n], host_result[:n])
 
     def warmup(self, geometry: Geometry) -> None:
         """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (split,

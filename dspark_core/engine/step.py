@@ -68,6 +68,9 @@ class Verification:
     committed: bool = False
     # the verify length of each request [n] (None: the budget's own)
     lengths: torch.Tensor | None = None
+    # [n, 2 + (K+1) + K] float64 packed by the core's verify key: accepted, length, committed tokens,
+    # confidences (what collect copies to the host); None: collect packs them itself
+    host_result: torch.Tensor | None = None
 
     @property
     def real_rows(self) -> int:
@@ -171,12 +174,12 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     draft_rows = -1 if budget.lengths is not None else split_rows(choice, bucket)
     # the bucket-padded inputs where the step has them (no padding copies on the device)
     padded = lambda full, rows: rows if full is None else full  # noqa: E731
-    packed, acceptance, lengths = step.runner.verify_commit(
+    packed, acceptance, lengths, host_result = step.runner.verify_commit(
         padded(proposal.bucket_tokens, proposal.tokens), budget.lengths, padded(step.bucket_slots, step.slots),
         bucket, choice.rows, confidences=padded(proposal.bucket_confidences, proposal.confidences),
         caps=padded(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
         live=step.slots.shape[0])
-    return Verification(packed, acceptance, committed=True, lengths=lengths)
+    return Verification(packed, acceptance, committed=True, lengths=lengths, host_result=host_result)
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:
@@ -188,14 +191,19 @@ def collect(proposal: Proposal, budget: Budget, verification: Verification) -> S
     """The one device-to-host copy of a step, taken when its results are ready.
 
     Accepted counts, verify lengths, committed tokens and confidences go back as one float64
-    tensor (token ids and counts are exact in float64), so the host waits for the device once.
+    tensor (token ids and counts are exact in float64), so the host waits for the device once. The
+    core's verify key packs that tensor itself; for a plugin's verify it is packed here.
     """
-    acceptance = verification.acceptance
     width = proposal.confidences.shape[1]
-    lengths = verification.lengths if verification.lengths is not None else budget.lengths
-    assert lengths is not None, "a budget without lengths is verified by the core's verify, which reports them"
-    columns = [acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, proposal.confidences]
-    host = torch.cat([c.to(torch.float64) for c in columns], dim=1).cpu().numpy()
+    if verification.host_result is not None:
+        # a copy, also where .cpu() returns the key's own output buffer, which the next replay overwrites
+        host = np.array(verification.host_result.cpu().numpy())
+    else:
+        acceptance = verification.acceptance
+        lengths = verification.lengths if verification.lengths is not None else budget.lengths
+        assert lengths is not None, "a budget without lengths is verified by the core's verify, which reports them"
+        columns = [acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, proposal.confidences]
+        host = torch.cat([c.to(torch.float64) for c in columns], dim=1).cpu().numpy()
     ints = host[:, : width + 3].astype(np.int64)
     return StepResult(ints[:, 0].tolist(), ints[:, 2:].tolist(), ints[:, 1].tolist(), host[:, width + 3:], budget.choice)
 
