@@ -65,9 +65,12 @@ def stages_through_pinned_memory(device: torch.device | str) -> bool:
 
     On CUDA such a copy returns only once the stream has run everything queued before it, which
     would make the host building step t+1 wait for step t (schedule overlap lost). A copy from
-    pinned memory with ``non_blocking=True`` is queued behind that work instead.
+    pinned memory with ``non_blocking=True`` is queued behind that work instead. Ascend NPUs copy
+    from pageable memory synchronously too, and torch_npu pins host memory the same way. The type
+    is read from the string, because ``torch.device("npu")`` exists only once torch_npu is imported.
     """
-    return torch.device(device).type == "cuda"
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":", 1)[0]
+    return kind in ("cuda", "npu")
 
 
 def host_to_device(values: Sequence[int] | np.ndarray, device: torch.device | str,

@@ -192,11 +192,13 @@ def test_row_layout_unpad_is_a_plain_gather():
 
 
 def test_step_inputs_reach_a_cuda_device_through_pinned_memory_without_waiting(monkeypatch):
-    """Host-built step inputs (slots, caps, prefill rows): a plain copy on CPU; on CUDA, pinned memory
-    and a non-blocking copy (a pageable copy would make the host wait for the previous step)."""
+    """Host-built step inputs (slots, caps, prefill rows): a plain copy on CPU; on CUDA and NPU, pinned
+    memory and a non-blocking copy (a pageable copy would make the host wait for the previous step)."""
     on_cpu = host_to_device(np.array([3, 1, 2]), "cpu")
     assert on_cpu.dtype == torch.int64 and on_cpu.tolist() == [3, 1, 2]
     assert not stages_through_pinned_memory("cpu") and stages_through_pinned_memory("cuda:1")
+    assert stages_through_pinned_memory(torch.device("cuda", 0)) and not stages_through_pinned_memory(torch.device("cpu"))
+    assert stages_through_pinned_memory("npu") and stages_through_pinned_memory("npu:3")  # no torch_npu needed
     calls = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: calls.append(("pin",)) or self)
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: calls.append(("to", args, kwargs)) or self)
