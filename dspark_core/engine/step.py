@@ -172,14 +172,19 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
     """
     bucket, choice = step.tier_context.request_bucket, budget.choice
     draft_rows = -1 if budget.lengths is not None else split_rows(choice, bucket)
-    # the bucket-padded inputs where the step has them (no padding copies on the device)
-    padded = lambda full, rows: rows if full is None else full  # noqa: E731
     packed, acceptance, lengths, host_result = step.runner.verify_commit(
-        padded(proposal.bucket_tokens, proposal.tokens), budget.lengths, padded(step.bucket_slots, step.slots),
-        bucket, choice.rows, confidences=padded(proposal.bucket_confidences, proposal.confidences),
-        caps=padded(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
+        _padded_or(proposal.bucket_tokens, proposal.tokens), budget.lengths,
+        _padded_or(step.bucket_slots, step.slots), bucket, choice.rows,
+        confidences=_padded_or(proposal.bucket_confidences, proposal.confidences),
+        caps=_padded_or(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
         live=step.slots.shape[0])
     return Verification(packed, acceptance, committed=True, lengths=lengths, host_result=host_result)
+
+
+def _padded_or(padded: torch.Tensor | None, own: torch.Tensor) -> torch.Tensor:
+    """The bucket-padded tensor where the step has one (no padding copy on the device), else the
+    requests' own rows, which the verify key's staging pads."""
+    return own if padded is None else padded
 
 
 def commit(step: DecodeStep, verification: Verification) -> None:
