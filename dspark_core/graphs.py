@@ -67,10 +67,12 @@ class BindingKey:
     target_rows: int  # 0 for a proposal (it has one block per bucket slot, not tier rows)
     dtype: str
     device: str
-    stage: str = "verify"  # "verify" (target forward) or "propose" (draft block)
+    # "verify" (target forward), "verify+context" (the bucket's own tier, also writing the draft's
+    # context: drafted steps) or "propose" (draft block)
+    stage: str = "verify"
 
     def describe(self) -> str:
-        rows = f" rows={self.target_rows}" if self.stage == "verify" else ""
+        rows = f" rows={self.target_rows}" if self.stage.startswith("verify") else ""
         return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows} {self.dtype}@{self.device}"
 
 

@@ -167,8 +167,9 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
                                               f"--adaptive_dspark_cost_table_output={out}"))
     work = engine.work_counters()
     # 6 + 11 tiers, plus a draft-off point per bucket probed twice (on the already captured Bcap
-    # tier); warmup prepares 17 verify keys plus one proposal key per bucket
-    assert work["fits"] == 1 and work["profiling_runs"] == 17 + 2 * 2 and work["warmups"] == 17 + 2
+    # tier); warmup prepares 17 verify keys, the own tier's context-writing key and one proposal key
+    # per bucket
+    assert work["fits"] == 1 and work["profiling_runs"] == 17 + 2 * 2 and work["warmups"] == 17 + 2 + 2
     assert engine.ready and engine.table is table and out.is_file()
     assert load_table(out) == table
     (audit,) = audits
@@ -181,7 +182,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     # reuse: warmup again, but no probing and no fit
     engine2, table2, audits2 = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"))
     work2 = engine2.work_counters()
-    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2
+    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2
     assert table2 == table and engine2.table == table
     assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
     assert audits2[0]["coverage"]

@@ -116,7 +116,8 @@ def test_engine_on_a_captured_backend_is_exact(target, overlap):
     engine.warmup()
     engine.mark_ready()
     captures = backend.counters.captures
-    assert captures == len(backend.keys) and {k.stage for k in backend.keys} == {"propose", "verify"}
+    assert captures == len(backend.keys)
+    assert {k.stage for k in backend.keys} == {"propose", "verify", "verify+context"}
     prompts = random_prompts(3, seed=9)
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
     engine.close()

@@ -37,9 +37,12 @@ def test_warmup_prepares_every_bucket_and_tier(models):
     assert {(k.request_bucket, k.target_rows) for k in backend.keys if k.stage == "verify"} == expected
     # one proposal key per bucket: the draft's block runs through the backend too
     assert {(k.request_bucket, k.target_rows) for k in backend.keys if k.stage == "propose"} == {(1, 0), (2, 0), (4, 0)}
-    assert {k.stage for k in backend.keys} == {"verify", "propose"}
+    # the bucket's own tier also has a key that writes the draft's context (for drafted steps)
+    assert {(k.request_bucket, k.target_rows) for k in backend.keys if k.stage == "verify+context"} == {
+        (1, 1), (2, 2), (4, 4)}
+    assert {k.stage for k in backend.keys} == {"verify", "verify+context", "propose"}
     assert all(k.draft_width == 5 and k.dtype == "float64" and k.device == "cpu" for k in backend.keys)
-    assert engine.work_counters()["warmups"] == len(expected) + 3
+    assert engine.work_counters()["warmups"] == len(expected) + 3 + 3
     # warmup wrote only into the scratch slot: live slots' caches are still zero
     assert float(engine.runner.target_cache.keys[:, : engine.runner.num_slots].abs().sum()) == 0.0
     engine.close()
@@ -72,7 +75,8 @@ def test_restricted_geometry_uses_only_captured_tiers(models):
     prompts = random_prompts(2, seed=4)
     outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
     assert [list(o.token_ids) for o in outputs] == greedy_references(models[0], prompts, 10)
-    assert len(backend.keys) == 6 + 2  # the six verify keys and a proposal key per bucket
+    # the six verify keys, a proposal key per bucket and the own tier's context-writing key per bucket
+    assert len(backend.keys) == 6 + 2 + 2
     engine.close()
 
 
@@ -185,3 +189,30 @@ def test_llama_static_shape_forward_equals_eager():
         static = target.forward(batch, static_cache, hidden_layers=(1, 3))
     assert torch.allclose(eager.logits, static.logits, atol=1e-9)
     assert torch.allclose(eager.hidden, static.hidden, atol=1e-9)
+
+
+def test_a_drafted_step_at_the_own_tier_writes_the_draft_context_inside_its_key(models):
+    """fixed k=0 drafts every step and verifies nothing drafted: the bucket's own tier. Those rows go
+    into the draft's context inside the ``verify+context`` key (nothing left queued for the next
+    proposal to write outside a key), and the output is still target-only greedy."""
+    engine, backend = static_engine(models, buckets=(1, 2), overlap=False)
+    engine.mark_ready()
+    ran, inner = [], backend.run
+    backend.run = lambda key, inputs: (ran.append(key), inner(key, inputs))[1]
+    queued_after_verify = []
+    verify_commit = engine.runner.verify_commit
+
+    def watched(*args, **kwargs):
+        result = verify_commit(*args, **kwargs)
+        queued_after_verify.append(engine.runner.draft_context.rows)
+        return result
+
+    engine.runner.verify_commit = watched
+    prompts = random_prompts(2, seed=6)
+    with engine.use_policy(default_hooks().budget_policy("fixed", {"k": 0})):
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert [list(o.token_ids) for o in outputs] == greedy_references(models[0], prompts, 8)
+    verify_keys = [k for k in ran if k.stage != "propose"]
+    assert verify_keys and all(k.stage == "verify+context" and k.target_rows == k.request_bucket for k in verify_keys)
+    assert queued_after_verify and set(queued_after_verify) == {0}
+    engine.close()

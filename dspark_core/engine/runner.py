@@ -173,9 +173,12 @@ class ModelRunner:
         return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
 
     # -- verify, accept and commit, through the graph backend -----------------------
-    def binding_key(self, request_bucket: int, target_rows: int) -> BindingKey:
+    def binding_key(self, request_bucket: int, target_rows: int, write_context: bool = False) -> BindingKey:
+        """The verify key of a (bucket, tier); the bucket's own tier has a second key that writes its rows
+        into the draft's context (``write_context``, stage ``verify+context``), used by drafted steps."""
+        own_tier_writes = write_context and target_rows == request_bucket
         return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
-                          str(self.device))
+                          str(self.device), stage="verify+context" if own_tier_writes else "verify")
 
     def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor | None, confidences: torch.Tensor,
                       caps: torch.Tensor, slots: torch.Tensor, request_bucket: int,
@@ -198,8 +201,19 @@ class ModelRunner:
     @staticmethod
     def writes_context(request_bucket: int, target_rows: int) -> bool:
         """Whether a verify key writes its rows into the draft's context itself: a tier that verifies
-        drafted rows does; the bucket's own tier (draft-off steps) queues them instead."""
+        drafted rows does; the bucket's own tier queues them instead on draft-off steps (see
+        :meth:`context_write_now` for drafted ones)."""
         return target_rows > request_bucket
+
+    def context_write_now(self, request_bucket: int, target_rows: int, drafted: bool) -> bool:
+        """Whether this step's verify writes its rows into the draft's context inside the key.
+
+        Every drafted tier does. The bucket's own tier does on a step whose proposal ran and left
+        nothing queued (the rows are then written in order, and the next step drafts from them); a
+        draft-off step queues them, since the draft may stay off and never need them."""
+        if self.writes_context(request_bucket, target_rows):
+            return True
+        return drafted and self.draft_context is not None and self.draft_context.rows == 0
 
     def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, confidences: torch.Tensor, caps: torch.Tensor,
                    draft_rows: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
@@ -243,8 +257,8 @@ class ModelRunner:
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
-                      draft_rows: int = -1, queue_context: bool = True,
-                      live: int | None = None) -> tuple[PackedRows, Acceptance, torch.Tensor, torch.Tensor]:
+                      draft_rows: int = -1, queue_context: bool = True, live: int | None = None,
+                      drafted: bool = False) -> tuple[PackedRows, Acceptance, torch.Tensor, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
         ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance, the lengths and
@@ -252,9 +266,10 @@ class ModelRunner:
         confidences), all computed inside the key.
 
         Runs as the (bucket, rows) key of the graph backend, or eagerly on the same padded inputs without
-        one. A drafted tier (more rows than the bucket) writes the draft's context inside the key; the
-        bucket's own tier (draft-off steps) queues its rows, which are written only if the draft runs again,
-        and only with ``queue_context`` (False for a policy that never drafts). Any input may come
+        one. A drafted tier (more rows than the bucket) writes the draft's context inside the key, and so
+        does the bucket's own tier on a ``drafted`` step (the proposal ran and nothing is queued); on a
+        draft-off step it queues its rows, which are written only if the draft runs again, and only with
+        ``queue_context`` (False for a policy that never drafts). Any input may come
         already padded to the bucket; ``live`` then says how many requests are real (by default as many
         as ``slots`` has entries).
         """
@@ -262,11 +277,11 @@ class ModelRunner:
             raise ValueError("verify_commit: a split inside the key needs a draft and draft_rows >= 0")
         inputs = self.verify_inputs(drafts, lengths, confidences, caps, slots, request_bucket,
                                     draft_rows if lengths is None else -1)
+        write_context = self.context_write_now(request_bucket, target_rows, drafted)
         if self.graphs is not None:
-            outputs = self.graphs.run(self.binding_key(request_bucket, target_rows), inputs)
+            outputs = self.graphs.run(self.binding_key(request_bucket, target_rows, write_context), inputs)
         else:
-            outputs = self._verify_fn(**inputs, target_rows=target_rows,
-                                      write_context=self.writes_context(request_bucket, target_rows))
+            outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
         accepted, committed, verified, tokens, positions, row_slots, row_offsets, host_result = outputs[:8]
         if len(outputs) > 8 and queue_context and self.draft_context is not None:
             self.extend_draft_context(outputs[8], positions, row_slots)
@@ -287,8 +302,11 @@ class ModelRunner:
             no_requests = torch.zeros(0, self.draft_width, device=self.device)
             example = self.verify_inputs(no_requests.long(), as_long([]), no_requests, as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):
-                fn = partial(self._verify_fn, target_rows=rows, write_context=self.writes_context(bucket, rows))
-                self.graphs.prepare(self.binding_key(bucket, rows), fn, example)
+                # the bucket's own tier also gets the variant that writes the draft's context (drafted steps)
+                variants = (False, True) if rows == bucket and self.draft is not None else (self.writes_context(bucket, rows),)
+                for write in variants:
+                    fn = partial(self._verify_fn, target_rows=rows, write_context=write)
+                    self.graphs.prepare(self.binding_key(bucket, rows, write), fn, example)
 
 
 def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:

@@ -177,7 +177,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
         _padded_or(step.bucket_slots, step.slots), bucket, choice.rows,
         confidences=_padded_or(proposal.bucket_confidences, proposal.confidences),
         caps=_padded_or(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
-        live=step.slots.shape[0])
+        live=step.slots.shape[0], drafted=step.draft and step.policy.uses_draft)
     return Verification(packed, acceptance, committed=True, lengths=lengths, host_result=host_result)
 
 
