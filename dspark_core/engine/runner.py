@@ -247,10 +247,8 @@ class ModelRunner:
             # so writing now keeps the rows in order
             self.draft.extend_context(out.hidden, packed.positions, packed.row_slots)
         self.storage.commit(slot_ids, acceptance)
-        # what the host reads of the step, packed here so that reading it is one copy and no op
-        # outside the key (token ids and counts are exact in float64)
-        host_result = torch.cat([column.to(torch.float64) for column in (
-            acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, confidences)], dim=1)
+        # what the host reads of the step, packed here so that reading it is one copy and no op outside the key
+        host_result = pack_host_result(acceptance, lengths, confidences)
         outputs = (acceptance.accepted, acceptance.committed, lengths, packed.tokens, packed.positions,
                    packed.row_slots, packed.row_offsets, host_result)
         return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
@@ -315,3 +313,10 @@ def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:
     if extra == 0:
         return values
     return torch.cat([values, values.new_full((extra, *values.shape[1:]), fill)])
+
+
+def pack_host_result(acceptance: Acceptance, lengths: torch.Tensor, confidences: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a step as one float64 tensor [n, 2 + (K+1) + K]: accepted count, verify
+    length, committed tokens, confidences (token ids and counts are exact in float64)."""
+    columns = (acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, confidences)
+    return torch.cat([column.to(torch.float64) for column in columns], dim=1)

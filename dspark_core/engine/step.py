@@ -27,7 +27,7 @@ import torch
 
 from attrs import define, frozen
 
-from dspark_core.engine.runner import ModelRunner
+from dspark_core.engine.runner import ModelRunner, pack_host_result
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
 from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice, split_rows
@@ -204,11 +204,9 @@ def collect(proposal: Proposal, budget: Budget, verification: Verification) -> S
         # a copy, also where .cpu() returns the key's own output buffer, which the next replay overwrites
         host = np.array(verification.host_result.cpu().numpy())
     else:
-        acceptance = verification.acceptance
         lengths = verification.lengths if verification.lengths is not None else budget.lengths
         assert lengths is not None, "a budget without lengths is verified by the core's verify, which reports them"
-        columns = [acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, proposal.confidences]
-        host = torch.cat([c.to(torch.float64) for c in columns], dim=1).cpu().numpy()
+        host = pack_host_result(verification.acceptance, lengths, proposal.confidences).cpu().numpy()
     ints = host[:, : width + 3].astype(np.int64)
     return StepResult(ints[:, 0].tolist(), ints[:, 2:].tolist(), ints[:, 1].tolist(), host[:, width + 3:], budget.choice)
 
