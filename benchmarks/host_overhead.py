@@ -56,6 +56,25 @@ class TimedReplays(StandInCapturedBackend):
             self.replay_seconds += time.perf_counter() - started
 
 
+class TimedChoices:
+    """The engine's policy, with the host time of each ``choose_tier`` call recorded (the one
+    policy computation of a step that sits between its two launches when ``tier_lag`` is 0)."""
+
+    def __init__(self, policy) -> None:
+        self._policy = policy
+        self.seconds: list[float] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._policy, name)
+
+    def choose_tier(self, ctx, confidences, caps):
+        started = time.perf_counter()
+        try:
+            return self._policy.choose_tier(ctx, confidences, caps)
+        finally:
+            self.seconds.append(time.perf_counter() - started)
+
+
 def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool) -> dict:
     policy, options = POLICIES[label]
     target, draft = tiny_pair(seed=3, block_size=WIDTH)
@@ -67,6 +86,8 @@ def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool
     engine.install_table(synthetic_table(WIDTH, BUCKETS))
     engine.warmup()
     engine.mark_ready()
+    choices = TimedChoices(engine.policy)
+    engine.set_policy(choices)
     prompts = random_prompts(concurrency, seed=1)
     params = SamplingParams(max_tokens=256, ignore_eos=True)
     for prompt in prompts:
@@ -78,6 +99,7 @@ def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool
 
     for _ in range(warmup):
         step()
+    choices.seconds.clear()
     walls, inside = [], []
     for _ in range(steps):
         before, started = graphs.replay_seconds, time.perf_counter()
@@ -85,6 +107,7 @@ def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool
         walls.append(time.perf_counter() - started)
         inside.append(graphs.replay_seconds - before)
     outside = [w - i for w, i in zip(walls, inside)]
+    choice_seconds = list(choices.seconds)
     # a short second pass counts the ops launched outside the keys (the recorder slows the step)
     ops: list = []
     device_decode = engine.decode_on_device
@@ -105,7 +128,9 @@ def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool
             "in_replays_ms_median": round(1e3 * statistics.median(inside), 3),
             "outside_ms_median": round(1e3 * statistics.median(outside), 3),
             "outside_ms_mean": round(1e3 * statistics.mean(outside), 3),
-            "ops_outside_per_step": round(len(ops) / counted_steps, 1)}
+            "ops_outside_per_step": round(len(ops) / counted_steps, 1),
+            # draft-off steps and policies without a tier choice make no call
+            "choose_tier_us_median": round(1e6 * statistics.median(choice_seconds), 1) if choice_seconds else None}
 
 
 def main() -> int:

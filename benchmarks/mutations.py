@@ -33,8 +33,8 @@ MUTATIONS = {
         "kernels/accept_commit.py", "accepted = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)",
         "accepted = match.to(torch.int64).sum(dim=1)"),
     "ties_go_to_larger_tier": (
-        "dspark_core/policy.py", "best = int(np.nanargmax(rate))  # first maximum = smallest tier among equals",
-        "best = len(rate) - 1 - int(np.nanargmax(rate[::-1]))"),
+        "dspark_core/policy.py", "best = rate.index(max(r for r in rate if r == r))",
+        "best = len(rate) - 1 - rate[::-1].index(max(r for r in rate if r == r))"),
     "tier_lag_ignored": ("dspark_core/engine/planning.py", "lag = policy.tier_lag", "lag = 0"),
 }
 

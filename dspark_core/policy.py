@@ -21,6 +21,8 @@ never what is committed.
 
 from __future__ import annotations
 
+import math
+from itertools import accumulate
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -121,13 +123,37 @@ def observe_step(policy: object, report: StepReport) -> None:
         observe(report)
 
 
+# Up to this many confidences (16 requests at K=7) the survivals are summed in plain Python. A
+# step's tier choice handles a few dozen numbers, where numpy's fixed cost per call is most of the
+# work (more so with caches cold after the model ran: 5-6 us a call on the development CPU), and
+# with a tier chosen from the step's own proposal that work sits between two device launches. Both
+# ways multiply and add the same float64 values in the same order, so their results are identical
+# (a test checks it).
+SMALL_BLOCK = 128
+
+
 def sorted_survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> np.ndarray:
     """Prefix sums of the survivals allowed by ``caps``, largest first: out[m] = best m-token gain."""
-    surv = np.cumprod(np.asarray(confidences, dtype=np.float64), axis=1)
-    width = surv.shape[1]
-    allowed = np.arange(width)[None, :] < np.asarray(caps)[:, None]
-    values = np.sort(surv[allowed])[::-1]
-    return np.concatenate([[0.0], np.cumsum(values)])
+    return np.array(_survival_prefix(confidences, caps), dtype=np.float64)
+
+
+def _survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> list[float]:
+    confidences = np.asarray(confidences, dtype=np.float64)
+    caps = np.asarray(caps)
+    if confidences.size > SMALL_BLOCK:
+        surv = np.cumprod(confidences, axis=1)
+        width = surv.shape[1]
+        # the usual step caps nobody below the width, and then needs no mask
+        kept = surv.ravel() if caps.min(initial=width) >= width else surv[np.arange(width)[None, :] < caps[:, None]]
+        return [0.0, *np.cumsum(np.sort(kept)[::-1]).tolist()]
+    values = []
+    for row, cap in zip(confidences.tolist(), caps.tolist()):
+        survival = 1.0
+        for confidence in row[:max(cap, 0)]:
+            survival *= confidence
+            values.append(survival)
+    values.sort(reverse=True)
+    return list(accumulate(values, initial=0.0))
 
 
 def smallest_tier(ctx: TierContext, rows: int) -> int:
@@ -146,13 +172,23 @@ def tier_scores(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> 
     A tier of G rows verifies the ``G - Bcap`` largest survivals allowed by
     ``caps`` plus one bonus token per live request; the drafted part is scaled
     by ``ctx.forecast_scale`` but never beyond the drafted rows actually
-    verified. Needs ``ctx.tier_costs``.
+    verified. A tier whose cost is missing (NaN) or not positive is not
+    covered. Needs ``ctx.tier_costs``.
     """
-    gains = sorted_survival_prefix(confidences, caps)
-    draft_rows = np.minimum(np.asarray(ctx.tiers) - ctx.request_bucket, len(gains) - 1)
-    # a scaled expectation can never exceed the drafted tokens actually verified
-    expected = ctx.live_requests + np.minimum(ctx.forecast_scale * gains[draft_rows], draft_rows)
-    return expected, expected / ctx.tier_costs
+    expected, rate = _tier_scores(ctx, confidences, caps)
+    return np.array(expected, dtype=np.float64), np.array(rate, dtype=np.float64)
+
+
+def _tier_scores(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[list[float], list[float]]:
+    gains = _survival_prefix(confidences, caps)
+    last, scale, live, bucket = len(gains) - 1, ctx.forecast_scale, ctx.live_requests, ctx.request_bucket
+    expected = []
+    for tier in ctx.tiers:
+        draft_rows = min(tier - bucket, last)
+        # a scaled expectation can never exceed the drafted tokens actually verified
+        expected.append(float(live + min(scale * gains[draft_rows], draft_rows)))
+    costs = np.asarray(ctx.tier_costs, dtype=np.float64).tolist()
+    return expected, [tokens / cost if cost > 0 else math.nan for tokens, cost in zip(expected, costs)]
 
 
 def best_rate_tier(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray, min_gain: float = 0.0) -> TierChoice:
@@ -166,14 +202,14 @@ def best_rate_tier(ctx: TierContext, confidences: np.ndarray, caps: np.ndarray, 
     """
     if ctx.tier_costs is None or ctx.full_width not in ctx.tiers:
         return full_width_choice(ctx, fallback=True)
-    expected, rate = tier_scores(ctx, confidences, caps)
+    expected, rate = _tier_scores(ctx, confidences, caps)
     full = ctx.tiers.index(ctx.full_width)
-    if not np.isfinite(rate[full]):
+    if not math.isfinite(rate[full]):
         return full_width_choice(ctx, fallback=True)
-    best = int(np.nanargmax(rate))  # first maximum = smallest tier among equals
+    best = rate.index(max(r for r in rate if r == r))  # NaN skipped; first maximum = smallest tier among equals
     if rate[best] < rate[full] * (1.0 + min_gain):
         best = full
-    return TierChoice(ctx.tiers[best], False, float(expected[best]), float(ctx.tier_costs[best]))
+    return TierChoice(ctx.tiers[best], False, expected[best], float(ctx.tier_costs[best]))
 
 
 def allocate_split(kernels: KernelSet, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,

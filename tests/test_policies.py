@@ -132,3 +132,65 @@ def test_adaptive_ties_go_to_the_smaller_tier():
     # a tie with the full-width tier also goes to the smaller one
     ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([1.0, 1.0, 1.0, 1.0]))
     assert policy.choose_tier(ctx, conf, caps).rows == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 12), st.sampled_from([5, 7]), st.data())
+def test_the_small_and_large_survival_paths_agree_exactly(requests, width, data):
+    # the policy sums small blocks in plain Python and large ones with numpy; a tier choice must not
+    # depend on which ran, so both must give the same float64 values, not merely close ones
+    import dspark_core.policy as policy_module
+
+    conf = np.array(data.draw(st.lists(st.floats(0, 1), min_size=requests * width, max_size=requests * width)),
+                    dtype=data.draw(st.sampled_from([np.float32, np.float64]))).reshape(requests, width)
+    caps = np.array(data.draw(st.lists(st.integers(-1, width), min_size=requests, max_size=requests)))
+    small, large = policy_module.SMALL_BLOCK, 0
+    try:
+        policy_module.SMALL_BLOCK = 10**9
+        by_python = policy_module.sorted_survival_prefix(conf, caps)
+        policy_module.SMALL_BLOCK = large
+        by_numpy = policy_module.sorted_survival_prefix(conf, caps)
+    finally:
+        policy_module.SMALL_BLOCK = small
+    assert by_python.dtype == by_numpy.dtype == np.float64
+    assert by_python.tolist() == by_numpy.tolist()
+    assert len(by_python) == 1 + sum(min(max(int(c), 0), width) for c in caps)
+
+
+def numpy_tier_scores(ctx, confidences, caps):
+    """The rule of tier_scores written with whole-array numpy operations (its form until 2026-12-03)."""
+    surv = np.cumprod(np.asarray(confidences, dtype=np.float64), axis=1)
+    allowed = np.arange(surv.shape[1])[None, :] < np.asarray(caps)[:, None]
+    gains = np.concatenate([[0.0], np.cumsum(np.sort(surv[allowed])[::-1])])
+    draft_rows = np.minimum(np.asarray(ctx.tiers) - ctx.request_bucket, len(gains) - 1)
+    expected = ctx.live_requests + np.minimum(ctx.forecast_scale * gains[draft_rows], draft_rows)
+    return expected, expected / ctx.tier_costs
+
+
+@settings(max_examples=150, deadline=None)
+@given(case(), st.floats(0.05, 2.0), st.data())
+def test_tier_scores_equal_the_whole_array_form_exactly(params, scale, data):
+    width, live, bucket, tiers, conf, caps, costs = params
+    costs = costs.copy()
+    costs[:-1][np.array(data.draw(st.lists(st.booleans(), min_size=len(costs) - 1, max_size=len(costs) - 1)),
+                        dtype=bool)] = np.nan  # uncovered tiers
+    ctx = TierContext(bucket, live, width, tiers, costs, forecast_scale=scale)
+    from dspark_core.policy import tier_scores
+
+    expected, rate = tier_scores(ctx, conf, caps)
+    want_expected, want_rate = numpy_tier_scores(ctx, conf, caps)
+    assert expected.tolist() == want_expected.tolist()
+    np.testing.assert_array_equal(rate, want_rate)  # NaN where NaN, bit-equal elsewhere
+
+
+def test_adaptive_skips_uncovered_tiers_and_takes_the_best_covered_one():
+    # expected tokens 1, 1.9, 2.71, 3.439: at these costs tier 3 would be the best (2.71 / 1.3), but it
+    # has no calibrated cost (NaN), so the best covered tier wins (rates 1, 1.58, -, 1.38)
+    policy = default_hooks().budget_policy("adaptive", {})
+    conf, caps = np.array([[0.9, 0.9, 0.9]]), np.array([3])
+    ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([1.0, 1.2, 1.3, 2.5]))
+    assert policy.choose_tier(ctx, conf, caps).rows == 3
+    ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([1.0, 1.2, np.nan, 2.5]))
+    assert policy.choose_tier(ctx, conf, caps).rows == 2
+    ctx = TierContext(1, 1, 3, (1, 2, 3, 4), np.array([np.nan, np.nan, np.nan, 2.0]))
+    assert policy.choose_tier(ctx, conf, caps).rows == 4
