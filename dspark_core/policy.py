@@ -95,7 +95,8 @@ class BudgetPolicy(Protocol):
     Two more methods are optional (see :func:`plan_step`, :func:`observe_step`):
     ``plan(ctx, confidences, caps) -> StepPlan`` on the host with the freshest
     confidences it has without waiting, and ``observe(report) -> None`` after
-    each processed step.
+    each processed step. So is the attribute ``reads_confidences`` (True when
+    absent, see :func:`reads_confidences`).
     """
 
     name: str
@@ -106,6 +107,14 @@ class BudgetPolicy(Protocol):
 
     def split(self, kernels: KernelSet, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor: ...
+
+
+def reads_confidences(policy: object) -> bool:
+    """Whether ``choose_tier`` looks at the confidences it is given (a policy says False through an
+    attribute ``reads_confidences``). One that does not, at ``tier_lag`` 0, gets an empty
+    ``[n, 0]`` array instead of the step's own confidences, so the host does not wait for the
+    proposal between the two launches of the step."""
+    return bool(getattr(policy, "reads_confidences", True))
 
 
 def plan_step(policy: object, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:

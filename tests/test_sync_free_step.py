@@ -6,11 +6,12 @@ exactly these places, all of them the step's results or the policy's own
 decision inputs:
 
 * ``collect``: the one copy of the step's results (tokens, lengths, confidences in one tensor);
-* ``select_budget`` when ``tier_lag`` is 0 (the default ``adaptive``, and ``fixed``):
-  the tier is chosen on the host from this step's own confidences, so they are
-  copied back between the proposal and the verify forward. This cannot go
-  without changing which tier is chosen; ``tier_lag`` >= 1 decides on
-  confidences the host already holds;
+* ``select_budget`` when ``tier_lag`` is 0 (the default ``adaptive``): the tier
+  is chosen on the host from this step's own confidences, so they are copied
+  back between the proposal and the verify forward. This cannot go without
+  changing which tier is chosen; ``tier_lag`` >= 1 decides on confidences the
+  host already holds. A policy that never reads them (``fixed``, which says so
+  with ``reads_confidences = False``) makes no copy;
 * ``propose`` when ``tier_lag`` is 1 under schedule overlap: the early copy of
   the confidences the host is waiting for to build the next step.
 
@@ -106,7 +107,8 @@ CASES = [  # policy, options, overlap, reads allowed besides the result copy
     ("adaptive", {"tier_lag": 1}, False, set()),
     ("adaptive", {"tier_lag": 1}, True, EARLY_PROPOSAL_COPY),
     ("adaptive", {"tier_lag": 0}, True, TIER_ON_OWN_CONFIDENCES),
-    ("fixed", {}, False, TIER_ON_OWN_CONFIDENCES),  # fixed declares tier_lag 0 (it ignores the values)
+    ("fixed", {}, False, set()),  # tier_lag 0, but fixed does not read confidences: nothing to wait for
+    ("fixed", {}, True, set()),
     ("none", {}, True, set()),
 ]
 

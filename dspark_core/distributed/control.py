@@ -127,6 +127,7 @@ class ReplayDecision:
 
     name = "rank-0-decision"
     tier_lag = 0
+    reads_confidences = False  # the tier comes from rank 0: no wait for this rank's proposal
 
     def __init__(self, uses_draft: bool, live: int, group: RankGroup, device: torch.device) -> None:
         self.uses_draft = uses_draft
@@ -259,7 +260,8 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     width = engine.config.draft_width
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
     step = DecodeStep(engine.runner, engine.storage, policy, ctx, host_to_device(slots, device),
-                      torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft))
+                      torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft),
+                      host_caps=np.zeros(live, dtype=np.int64))  # rank 0 sends the caps with its decision
     engine.decode_on_device(step)
     return live
 

@@ -30,7 +30,8 @@ from attrs import define, frozen
 from dspark_core.engine.runner import ModelRunner, pack_host_result
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice, split_rows
+from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice, reads_confidences,
+                                split_rows)
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 
@@ -154,7 +155,10 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
     if not step.draft:  # the plan turned the draft off: anchors only, nothing to split
         return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
     tier_confidences = step.tier_confidences
-    if tier_confidences is None:
+    if tier_confidences is None and not reads_confidences(policy):
+        # the choice depends on the caps alone: launch the verify without waiting for the proposal
+        tier_confidences = np.empty((step.slots.shape[0], 0))
+    elif tier_confidences is None:
         tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
     caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
     choice = policy.choose_tier(step.tier_context, tier_confidences, caps)

@@ -27,6 +27,7 @@ class FixedPolicy:
     name: str = "fixed"
     uses_draft: bool = True
     tier_lag: int = 0
+    reads_confidences: bool = False  # the tier follows from k and the caps alone
 
     def per_request(self, width: int) -> int:
         return width if self.k is None else min(self.k, width)
@@ -47,6 +48,7 @@ class NoSpeculation:
     name: str = "none"
     uses_draft: bool = False
     tier_lag: int = 0
+    reads_confidences: bool = False
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         return TierChoice(rows=ctx.request_bucket)
