@@ -221,3 +221,43 @@ def test_cancel_frees_the_slot_and_keeps_finished_reasons(models, prompts):
     while engine.has_work:
         engine.step()
     assert live.finish_reason == "cancelled" and engine.storage.free_slots == 2
+
+
+def test_an_eos_past_max_tokens_ends_the_request_for_length():
+    from dspark_core.engine.request import Request
+    from dspark_core.engine.stops import StopChecker
+
+    stops = StopChecker(eos_ids=[0], tokenizer=None)
+    cut = Request(prompt=[5, 6], params=SamplingParams(max_tokens=2))
+    # a step launched before the last results were in committed three tokens; only two were asked for
+    assert stops.append(cut, [7, 8, 0]) == "length" and cut.output == [7, 8]
+    inside = Request(prompt=[5, 6], params=SamplingParams(max_tokens=3))
+    assert stops.append(inside, [7, 0, 8]) == "stop" and inside.output == [7]
+    last = Request(prompt=[5, 6], params=SamplingParams(max_tokens=2))
+    assert stops.append(last, [7, 0]) == "stop" and last.output == [7]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_finish_reasons_match_target_only_decoding_around_an_eos(models, prompts, references, overlap):
+    # the EOS sits at some position; for every max_tokens around it a drafting engine (which commits
+    # several tokens a step, possibly past max_tokens under overlap) must end like target-only decoding
+    target, draft = models
+    eos = references[0][4]
+    cut = references[0].index(eos)
+    # an oracle draft proposes the reference itself, so a step commits up to six tokens at once
+    sure = oracle(draft, prompts[:1], references[:1], corrupt=0.0)
+    engines = {policy: Engine(target, sure if policy == "fixed" else draft,
+                              EngineConfig(draft_width=5, policy=policy, request_buckets=(1, 2),
+                                           schedule_overlap=overlap))
+               for policy in ("none", "fixed")}
+    sure.engine = engines["fixed"]
+    for engine in engines.values():
+        engine.stops.eos_ids = (eos,)
+    for max_tokens in range(1, cut + 4):
+        ends = {policy: engine.generate([prompts[0]], SamplingParams(max_tokens=max_tokens))[0]
+                for policy, engine in engines.items()}
+        want = ("length", references[0][:max_tokens]) if max_tokens <= cut else ("stop", references[0][:cut])
+        for policy, out in ends.items():
+            assert (out.finish_reason, list(out.token_ids)) == want, (policy, max_tokens)
+    for engine in engines.values():
+        engine.close()

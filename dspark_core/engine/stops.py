@@ -17,14 +17,17 @@ class StopChecker:
     def append(self, request: Request, tokens: list[int]) -> str | None:
         """Extend ``request.output``; return "stop"/"length" when it is finished, else None."""
         reason = None
+        room = request.remaining
+        # A step built before the previous step's tokens were appended (schedule overlap) may
+        # commit past max_tokens. Those tokens were never asked for, so an EOS among them does not
+        # count: the request ends for length, as decoding one token at a time would have.
+        if len(tokens) >= room:
+            tokens, reason = tokens[:room], "length"
         if not request.params.ignore_eos:
             for i, token in enumerate(tokens):
                 if token in self.eos_ids:
                     tokens, reason = tokens[:i], "stop"  # the EOS itself is not output
                     break
-        room = request.remaining
-        if len(tokens) >= room:
-            tokens, reason = tokens[:room], reason or "length"
         request.output.extend(tokens)
         if self.tokenizer is None:
             return reason
