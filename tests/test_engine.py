@@ -261,3 +261,29 @@ def test_finish_reasons_match_target_only_decoding_around_an_eos(models, prompts
             assert (out.finish_reason, list(out.token_ids)) == want, (policy, max_tokens)
     for engine in engines.values():
         engine.close()
+
+
+class LetterTokenizer:
+    """Token i decodes to the letter ``chr(97 + i % 26)``: enough text to place stop strings."""
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+@pytest.mark.parametrize("chunks", [[[0], [1], [2], [3], [4], [5]], [[0], [1, 2, 3, 4, 5]], [[0, 1, 2], [3, 4, 5]]],
+                         ids=["one-at-a-time", "one-chunk", "two-chunks"])
+def test_a_stop_string_ends_the_output_at_the_token_that_completed_it(chunks):
+    # "abcdef": the stop "cd" is complete after the 4th token; however the tokens arrive, the request
+    # keeps exactly four and its text ends before the stop string
+    from dspark_core.engine.request import Request
+    from dspark_core.engine.stops import StopChecker
+
+    stops = StopChecker(eos_ids=[99], tokenizer=LetterTokenizer())
+    request = Request(prompt=[7], params=SamplingParams(max_tokens=10, stop=["zz", "cd"]))
+    reasons = []
+    for chunk in chunks:  # the engine stops handing a request tokens once it finished
+        reasons.append(stops.append(request, list(chunk)))
+        if reasons[-1] is not None:
+            break
+    assert reasons[-1] == "stop" and set(reasons[:-1]) <= {None}
+    assert request.output == [0, 1, 2, 3] and request.text == "ab"

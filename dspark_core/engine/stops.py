@@ -31,12 +31,18 @@ class StopChecker:
         request.output.extend(tokens)
         if self.tokenizer is None:
             return reason
-        if request.params.stop:
+        if request.params.stop and tokens:
             text = self.tokenizer.decode(request.output)
-            hits = [text.index(s) for s in request.params.stop if s in text]
-            if hits:
-                request.text = text[: min(hits)]
-                return "stop"
+            if any(s in text for s in request.params.stop):
+                # Keep the tokens up to the one that completed a stop string: decoding one token at a
+                # time stops there, and a step that committed several must report the same tokens.
+                for end in range(len(request.output) - len(tokens) + 1, len(request.output) + 1):
+                    text = self.tokenizer.decode(request.output[:end])
+                    hits = [text.index(s) for s in request.params.stop if s in text]
+                    if hits:
+                        del request.output[end:]
+                        request.text = text[: min(hits)]
+                        return "stop"
         if reason is not None:
             request.text = self.tokenizer.decode(request.output)
         return reason
