@@ -132,7 +132,7 @@ def observe_step(policy: object, report: StepReport) -> None:
         observe(report)
 
 
-# Up to this many confidences (16 requests at K=7) the survivals are summed in plain Python. A
+# Up to this many confidences (18 requests at K=7) the survivals are summed in plain Python. A
 # step's tier choice handles a few dozen numbers, where numpy's fixed cost per call is most of the
 # work (more so with caches cold after the model ran: 5-6 us a call on the development CPU), and
 # with a tier chosen from the step's own proposal that work sits between two device launches. Both

@@ -18,9 +18,10 @@ class StopChecker:
         """Extend ``request.output``; return "stop"/"length" when it is finished, else None."""
         reason = None
         room = request.remaining
-        # A step built before the previous step's tokens were appended (schedule overlap) may
-        # commit past max_tokens. Those tokens were never asked for, so an EOS among them does not
-        # count: the request ends for length, as decoding one token at a time would have.
+        # A step's caps are set when it is built, and the tokens committed since (the prefill's
+        # first token, or with schedule overlap the previous step's) may leave less room than that:
+        # a step can commit past max_tokens. Those tokens were never asked for, so an EOS among them
+        # does not count: the request ends for length, as decoding one token at a time would have.
         if len(tokens) >= room:
             tokens, reason = tokens[:room], "length"
         if not request.params.ignore_eos:
