@@ -287,3 +287,23 @@ def test_a_stop_string_ends_the_output_at_the_token_that_completed_it(chunks):
             break
     assert reasons[-1] == "stop" and set(reasons[:-1]) <= {None}
     assert request.output == [0, 1, 2, 3] and request.text == "ab"
+
+
+def test_steps_leave_room_for_tokens_still_in_flight(models, prompts, references):
+    # Without overlap a decode step is built right after its request's prefill was launched, before
+    # the prefill's token is appended: the caps must count that token, or a draft the target accepts
+    # in full commits one token past max_tokens (cut afterwards, but verified for nothing)
+    target, draft = models
+    sure = oracle(draft, prompts[:1], references[:1], corrupt=0.0)
+    engine = Engine(target, sure, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
+                                               schedule_overlap=False))
+    sure.engine = engine
+    reports = []
+    engine.add_observer(reports.append)
+    for max_tokens in (1, 2, 3, 6, 7, 12):
+        reports.clear()
+        out = engine.generate([prompts[0]], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]
+        assert list(out.token_ids) == references[0][:max_tokens]
+        # the prefill commits one token, each decode step its accepted drafts and a bonus token
+        assert 1 + sum(sum(a + 1 for a in r.accepted) for r in reports) == max_tokens, max_tokens
+    engine.close()

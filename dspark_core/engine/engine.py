@@ -184,11 +184,14 @@ class Engine:
         if admitted:
             self.queue.submit("prefill", admitted, self.prefill_on_device, [r.prompt for r in admitted],
                               [r.slot for r in admitted])
-        running = list(self.scheduler.running)
+        pending = self.queue.unprocessed_tokens()
+        # a request whose launched work already reaches max_tokens gets no further step: its tokens
+        # would be cut anyway (it finishes when that work is processed)
+        running = [r for r in self.scheduler.running if r.remaining > pending.get(id(r), 0)]
         if running:
-            step = self.planner.build(running, self.policy, self.queue.depth)
+            step = self.planner.build(running, self.policy, self.queue.depth, pending)
             self.queue.submit("decode", running, self.decode_on_device, step, context=step)
-        while self.queue.in_flight and (self.queue.over_depth() or not self.scheduler.running):
+        while self.queue.in_flight and (self.queue.over_depth() or not running):
             self._process(*self.queue.pop_oldest(), finished)
         return finished
 

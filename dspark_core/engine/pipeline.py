@@ -58,6 +58,15 @@ class DeviceQueue:
         job = self.in_flight.popleft()
         return job, job.future.result()
 
+    def unprocessed_tokens(self) -> dict[int, int]:
+        """Per request (by ``id``), the tokens its launched but unprocessed jobs commit at least:
+        one per job, since a prefill commits its first token and a decode step its bonus token."""
+        pending: dict[int, int] = {}
+        for job in self.in_flight:
+            for request in job.requests:
+                pending[id(request)] = pending.get(id(request), 0) + 1
+        return pending
+
     def slots_in_flight(self) -> set[int]:
         return {slot for job in self.in_flight for slot in job.slots}
 

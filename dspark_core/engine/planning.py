@@ -42,7 +42,8 @@ class StepPlanner:
         # request without a drafted block of its own is assumed to look like
         self.population: deque[tuple[int, np.ndarray]] = deque(maxlen=4)
 
-    def build(self, running: list[Request], policy: BudgetPolicy, queue_depth: int) -> DecodeStep:
+    def build(self, running: list[Request], policy: BudgetPolicy, queue_depth: int,
+              pending: dict[int, int] | None = None) -> DecodeStep:
         """The next decode step for ``running`` (overlaps the previous step's execution).
 
         The tier is chosen from confidences exactly ``tier_lag`` steps old. What
@@ -51,6 +52,9 @@ class StepPlanner:
         is free); with it the previous step is still running, so age 2 is free,
         age 1 waits for that step's proposal (not its verify), and age 0 is
         decided inside the step itself.
+
+        ``pending`` maps a request's ``id`` to the tokens its launched but unprocessed
+        work commits at least; the caps leave room for them.
         """
         width, n = self.width, len(running)
         index = self.decode_index
@@ -62,8 +66,11 @@ class StepPlanner:
         draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
         ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
         device = self.runner.device
-        # verifying past max_tokens is wasted work: the bonus token always commits
-        cap_values = np.array([max(0, min(width, r.remaining - 1)) for r in running], dtype=np.int64)
+        # verifying past max_tokens is wasted work: the bonus token always commits, and so does at
+        # least one token of each launched step the host has not processed yet
+        pending = pending or {}
+        cap_values = np.array([max(0, min(width, r.remaining - 1 - pending.get(id(r), 0))) for r in running],
+                              dtype=np.int64)
         lag = policy.tier_lag
         if lag == 1:
             self._take_early_proposal(index - 1)
