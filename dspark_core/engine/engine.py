@@ -187,7 +187,7 @@ class Engine:
         pending = self.queue.unprocessed_tokens()
         # a request whose launched work already reaches max_tokens gets no further step: its tokens
         # would be cut anyway (it finishes when that work is processed)
-        running = [r for r in self.scheduler.running if r.remaining > pending.get(id(r), 0)]
+        running = [r for r in self.scheduler.running if r.remaining > pending[r]]
         if running:
             step = self.planner.build(running, self.policy, self.queue.depth, pending)
             self.queue.submit("decode", running, self.decode_on_device, step, context=step)

@@ -9,7 +9,7 @@ until the oldest finishes (backpressure).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -58,14 +58,10 @@ class DeviceQueue:
         job = self.in_flight.popleft()
         return job, job.future.result()
 
-    def unprocessed_tokens(self) -> dict[int, int]:
-        """Per request (by ``id``), the tokens its launched but unprocessed jobs commit at least:
-        one per job, since a prefill commits its first token and a decode step its bonus token."""
-        pending: dict[int, int] = {}
-        for job in self.in_flight:
-            for request in job.requests:
-                pending[id(request)] = pending.get(id(request), 0) + 1
-        return pending
+    def unprocessed_tokens(self) -> Counter[Any]:
+        """Per request, the tokens its launched but unprocessed jobs commit at least: one per job,
+        since a prefill commits its first token and a decode step its bonus token."""
+        return Counter(request for job in self.in_flight for request in job.requests)
 
     def slots_in_flight(self) -> set[int]:
         return {slot for job in self.in_flight for slot in job.slots}

@@ -11,6 +11,7 @@ assumed to look like).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future
 
 import attrs
@@ -43,7 +44,7 @@ class StepPlanner:
         self.population: deque[tuple[int, np.ndarray]] = deque(maxlen=4)
 
     def build(self, running: list[Request], policy: BudgetPolicy, queue_depth: int,
-              pending: dict[int, int] | None = None) -> DecodeStep:
+              pending: Mapping[Request, int] | None = None) -> DecodeStep:
         """The next decode step for ``running`` (overlaps the previous step's execution).
 
         The tier is chosen from confidences exactly ``tier_lag`` steps old. What
@@ -53,8 +54,8 @@ class StepPlanner:
         age 1 waits for that step's proposal (not its verify), and age 0 is
         decided inside the step itself.
 
-        ``pending`` maps a request's ``id`` to the tokens its launched but unprocessed
-        work commits at least; the caps leave room for them.
+        ``pending`` gives the tokens each request's launched but unprocessed work commits
+        at least; the caps leave room for them.
         """
         width, n = self.width, len(running)
         index = self.decode_index
@@ -69,7 +70,7 @@ class StepPlanner:
         # verifying past max_tokens is wasted work: the bonus token always commits, and so does at
         # least one token of each launched step the host has not processed yet
         pending = pending or {}
-        cap_values = np.array([max(0, min(width, r.remaining - 1 - pending.get(id(r), 0))) for r in running],
+        cap_values = np.array([max(0, min(width, r.remaining - 1 - pending.get(r, 0))) for r in running],
                               dtype=np.int64)
         lag = policy.tier_lag
         if lag == 1:
