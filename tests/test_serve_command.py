@@ -105,7 +105,16 @@ def test_two_rank_serve_command(tmp_path):
     finally:
         ranks[0].send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=60) for p in ranks]
-    assert codes == [0, 0], [p.stderr.read()[-1500:] for p in ranks]
+    logs = [p.stderr.read() for p in ranks]
+    assert codes == [0, 0], [log[-1500:] for log in logs]
+    # rank 0 shows the calibration bar, point by point, as a single rank does; the worker does not
+    assert "calibrating" in logs[0] and "bucket=2 rows=" in logs[0], logs[0][-1500:]
+    assert "calibrating" not in logs[1]
+    # the worker timed exactly the windows rank 0 announced (the unannounced warm pass is not timed)
+    combined = [json.loads(line) for line in logs[0].splitlines()
+                if line.startswith("{") and "calibration windows combined" in line]
+    assert len(combined) == 1 and combined[0]["windows"] > 0
+    assert "calibration windows differ" not in logs[1]
 
 
 def test_metrics_count_serving_steps_not_calibration(served):

@@ -11,7 +11,7 @@ memory until the fit.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -86,8 +86,14 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
     return samples
 
 
-def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True) -> list[CostSample]:
-    """Probe every point of ``plan`` in order; a tqdm bar shows the point being measured."""
+def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
+               announce: Callable[[ProbePoint | None], None] | None = None) -> list[CostSample]:
+    """Probe every point of ``plan`` in order; a tqdm bar shows the point being measured.
+
+    ``announce`` (rank 0 of a multi-rank service) is called with each recorded point
+    before it runs and with None after it, so that the other ranks time the same windows;
+    the unrecorded first pass is not announced (they replay its steps without timing them).
+    """
     generator = torch.Generator().manual_seed(plan.settings.token_seed)
     if plan.points:
         # one unrecorded pass: the first prefill and draft calls of a process are slow
@@ -98,7 +104,11 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True) -> list[
     for point in bar:
         rows = "draft-off" if point.draft_off else point.target_rows
         bar.set_postfix_str(f"bucket={point.request_bucket} rows={rows} ctx={point.context_index}")
+        if announce is not None:
+            announce(point)
         samples += probe_point(engine, point, plan, generator)
+        if announce is not None:
+            announce(None)
         engine.work.profiling_runs += 1
     engine.reset_counters()  # serving statistics start at ready
     return samples

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         from dspark_core.distributed.launch import serve_distributed
 
         # every rank runs this command; rank 0 serves HTTP, the others replay its steps
-        return serve_distributed(config, lambda handle: serve(handle.engine, handle.bring_up))
+        return serve_distributed(config, lambda handle: serve(handle.engine, lambda: handle.bring_up(progress=True)))
     launch = resolve_launch(config)  # every rule and input file checked before any work
     engine = build_engine(launch)
     return serve(engine, lambda: bring_up(engine, launch))

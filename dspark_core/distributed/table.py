@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from dspark_core.audit import get_logger
 from dspark_core.calibration.install import StartupRuntime, _audit, fit_stage, install_stage
-from dspark_core.calibration.plan import CalibrationPlan
-from dspark_core.calibration.probe import probe_point
+from dspark_core.calibration.plan import CalibrationPlan, ProbePoint
+from dspark_core.calibration.probe import run_probes
 from dspark_core.costs.base import CostSample
 from dspark_core.costs.fingerprint import Fingerprint, compare
 from dspark_core.distributed.control import CALIBRATED, POINT_BEGIN, POINT_END, Channel, WindowRecorder, follow
@@ -74,18 +74,19 @@ def _window_seconds(group: RankGroup, seconds: list[float], count: int) -> list[
     return data.tolist()
 
 
-def calibrate_rank0(engine, plan: CalibrationPlan, channel: Channel) -> list[CostSample]:
-    """Rank 0's probes, each point announced so the workers can time it; windows combined by MAX."""
+def calibrate_rank0(engine, plan: CalibrationPlan, channel: Channel, *, progress: bool = False) -> list[CostSample]:
+    """Rank 0's probes (:func:`run_probes`), each recorded point announced so the workers can time it;
+    windows combined by MAX."""
     settings = plan.settings
-    generator = torch.Generator().manual_seed(settings.token_seed)
     warmup = max(settings.warmup_steps, 1)  # as the probe counts it
-    samples: list[CostSample] = []
-    for point in plan.points:
-        channel.send(POINT_BEGIN, [point.request_bucket, warmup, settings.window_steps, settings.windows_per_point])
-        samples += probe_point(engine, point, plan, generator)
-        engine.work.profiling_runs += 1
-        channel.send(POINT_END)
-    engine.reset_counters()
+
+    def announce(point: ProbePoint | None) -> None:
+        if point is None:
+            channel.send(POINT_END)
+        else:
+            channel.send(POINT_BEGIN, [point.request_bucket, warmup, settings.window_steps, settings.windows_per_point])
+
+    samples = run_probes(engine, plan, progress=progress, announce=announce)
     channel.send(CALIBRATED, [len(samples)])
     combined = _window_seconds(channel.group, [s.seconds for s in samples], len(samples))
     slower = sum(1 for s, c in zip(samples, combined) if c > s.seconds)
@@ -138,7 +139,7 @@ def bring_up_ranks(engine, launch, group: RankGroup, channel: Channel, *, progre
         if launch.saved_table is not None:
             table, source = launch.saved_table, "saved table"
         elif group.is_rank0:
-            samples = calibrate_rank0(engine, launch.plan, channel)
+            samples = calibrate_rank0(engine, launch.plan, channel, progress=progress)
             table, source = fit_stage(hooks, runtime, launch.plan, samples), launch.plan.source
         else:
             calibrate_worker(engine, channel)
