@@ -79,7 +79,7 @@ class ServeConfig:
     max_seqs_per_batch: int = flag(16, "Most requests decoded together; the largest request bucket.", group="graphs")
     acl_graph_decode_batch_size_limit: int = flag(16, "Largest captured decode request bucket.", group="graphs")
     # --- calibration and cost tables ---
-    adaptive_dspark_calibration: str | None = flag(None, "JSON file overriding the built-in calibration settings; `demo` picks the demo file shipped for the draft width (K=5 or 7).", group="calibration")
+    adaptive_dspark_calibration: str | None = flag(None, "JSON file overriding the built-in calibration settings; `demo` picks the short demo grid shipped for the draft width (K=5 or 7), over the captured request buckets.", group="calibration")
     adaptive_dspark_cost_table: str | None = flag(None, "Saved cost table to reuse: skips calibration and fitting, not warmup.", group="calibration")
     adaptive_dspark_cost_table_output: str | None = flag(None, "Where to save the fitted cost table; the file must not exist, its directory must.", group="calibration")
     # --- plugins ---

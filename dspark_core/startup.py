@@ -83,10 +83,12 @@ def resolve_launch(config: ServeConfig) -> Launch:
     if config.adaptive_dspark_cost_table_output:
         check_output_path(config.adaptive_dspark_cost_table_output)
     if config.adaptive_dspark_calibration:
-        from dspark_core.configs import resolve_calibration
+        from dspark_core.configs import DEMO, fit_demo_to_buckets, resolve_calibration
 
         path = resolve_calibration(config.adaptive_dspark_calibration, config.num_speculative_tokens)
         launch.calibration_file = read_calibration_file(path)
+        if config.adaptive_dspark_calibration == DEMO:
+            launch.calibration_file = fit_demo_to_buckets(launch.calibration_file, launch.geometry.request_buckets)
     if config.adaptive_dspark_cost_table:
         launch.saved_table = load_table(config.adaptive_dspark_cost_table, hooks.cost_model)
     return launch

@@ -258,3 +258,24 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
         assert sorted(p.target_rows for p in plan.points if p.request_bucket == bucket and not p.draft_off) == \
             list(range(bucket, bucket * (width + 1) + 1, bucket))
     assert sorted({p.request_bucket for p in plan.points if p.draft_off}) == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("width", [5, 7])
+def test_the_demo_alias_probes_only_the_buckets_a_launch_captures(width):
+    """`--adaptive_dspark_calibration=demo` with fewer than 16 requests per batch keeps the demo's
+    points of the captured buckets; the same file given by path is refused, as any file would be."""
+    from dspark_core.configs import demo_calibration_path
+
+    flags = ["--model=/nonexistent", "--draft_model=/nonexistent", f"--num_speculative_tokens={width}",
+             "--max_seqs_per_batch=4", "--captured_target_rows=bucket_multiples"]
+    launch = resolve_launch(parse_serve_args([*flags, "--adaptive_dspark_calibration=demo"]))
+    assert launch.geometry.request_buckets == (1, 2, 4)
+    plan = resolve_plan(width, launch.geometry, 2048, launch.calibration_file, grid_check)
+    assert plan.settings.request_buckets == (1, 2, 4)
+    demo = read_calibration_file(str(demo_calibration_path(width)))
+    for bucket in (1, 2, 4):  # the demo's own rows, untouched
+        assert sorted(p.target_rows for p in plan.points if p.request_bucket == bucket and not p.draft_off) == \
+            list(dict(demo.target_graph_rows)[bucket])
+    as_file = resolve_launch(parse_serve_args([*flags, f"--adaptive_dspark_calibration={demo_calibration_path(width)}"]))
+    with pytest.raises(ConfigError, match=r"request_buckets \[8, 16\] are not captured"):
+        resolve_plan(width, as_file.geometry, 2048, as_file.calibration_file, grid_check)

@@ -4,13 +4,25 @@
 draft width: ``demo-calibration.json`` (K=7, the one ``make serve`` uses) or
 ``demo-calibration-k5.json`` (K=5). docs/calibration.md describes them.
 (``configs/`` at the repository root links to these files.)
+
+The demo grid names request buckets 1 to 16. A launch that captures fewer
+(``--max_seqs_per_batch`` below 16) probes the demo's points of the buckets it
+does capture (:func:`fit_demo_to_buckets`); a file given by path is never
+changed, so there an uncaptured bucket stays an error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
 
 from dspark_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dspark_core.calibration.plan import CalibrationFile
 
 CONFIGS_DIR = Path(__file__).resolve().parent
 DEMO = "demo"
@@ -33,3 +45,16 @@ def demo_calibration_path(width: int) -> Path:
 def resolve_calibration(value: str, width: int) -> str:
     """``demo`` -> the shipped file for ``width``; anything else is a path, returned as given."""
     return str(demo_calibration_path(width)) if value == DEMO else value
+
+
+def fit_demo_to_buckets(demo: CalibrationFile, captured: Sequence[int]) -> CalibrationFile:
+    """The demo grid restricted to the ``captured`` request buckets (its rows per bucket kept as written)."""
+    keep = set(captured)
+    buckets = None if demo.request_buckets is None else tuple(b for b in demo.request_buckets if b in keep)
+    rows = demo.target_graph_rows
+    if rows and isinstance(rows[0], tuple):  # per bucket
+        rows = tuple(entry for entry in rows if entry[0] in keep)
+    if buckets == ():
+        raise ConfigError(f"--adaptive_dspark_calibration=demo: the demo grid has no point in the captured request "
+                          f"buckets {sorted(keep)}; pass a calibration file instead")
+    return attrs.evolve(demo, request_buckets=buckets, target_graph_rows=rows)
