@@ -13,6 +13,7 @@ from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
 from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
 from dspark_core.cli import main
 from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError
 from dspark_core.models.reference import greedy_generate
 from dspark_core.table import load_table
 from checkpoint_support import write_tiny_pair
@@ -266,7 +267,7 @@ def test_policy_list_accepts_single_fixed_widths():
     assert list(chosen) == ["adaptive", "fixed-k1", "fixed-k3"]
     assert (chosen["fixed-k1"].k, chosen["fixed-k3"].k) == (1, 3)
     assert len(_policies(engine.hooks, ["fixed"], 5)) == 5
-    with pytest.raises(SystemExit, match="fixed-k6 needs 1 <= k <= K=5"):
+    with pytest.raises(ConfigError, match="fixed-k6 needs 1 <= k <= K=5"):
         _policies(engine.hooks, ["fixed-k6"], 5)
 
 
@@ -281,22 +282,24 @@ def test_policy_variants_build_labelled_policies_and_name_what_is_wrong():
     assert chosen["m0"].draft_off_margin == 0 and chosen["adaptive"].draft_off_margin == 1.0 and chosen["k2"].k == 2
     for text, message in [("{bad", "not valid JSON"), ("[1]", "expected a JSON object"),
                           ('{"m0": "adaptive"}', "'m0' must be"), ('{"m0": ["adaptive"]}', "'m0' must be")]:
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(ConfigError, match=message):
             parse_variants(text)
-    with pytest.raises(SystemExit, match="'adaptive' is already a policy"):
+    with pytest.raises(ConfigError, match="'adaptive' is already a policy"):
         _policies(hooks, ["adaptive"], 5, parse_variants('{"adaptive": ["adaptive", {}]}'))
-    with pytest.raises(SystemExit, match="'m1': .*draft_off_margin must be"):
+    with pytest.raises(ConfigError, match="'m1': .*draft_off_margin must be"):
         _policies(hooks, [], 5, parse_variants('{"m1": ["adaptive", {"draft_off_margin": -1}]}'))
-    with pytest.raises(SystemExit, match="'x': .*no budget policy named 'nope'"):
+    with pytest.raises(ConfigError, match="'x': .*no budget policy named 'nope'"):
         _policies(hooks, [], 5, parse_variants('{"x": ["nope", {}]}'))
 
 
-def test_bench_refuses_bad_variants_before_loading_anything(tmp_path):
+def test_bench_refuses_bad_variants_before_loading_anything(tmp_path, capsys):
     # no model at this path: the variants are checked first, so the error is about them
-    with pytest.raises(SystemExit, match="--policy_variants: 'x'"):
-        main(["bench", f"--model={tmp_path / 'missing.gguf'}", '--policy_variants={"x": ["nope", {}]}'])
-    with pytest.raises(SystemExit, match="needs the in-process engine"):
-        main(["bench", "--url=http://127.0.0.1:9", '--policy_variants={"m0": ["adaptive", {}]}'])
+    assert main(["bench", f"--model={tmp_path / 'missing.gguf'}", '--policy_variants={"x": ["nope", {}]}']) == 2
+    assert "dspark-core bench: error: --policy_variants: 'x'" in capsys.readouterr().err
+    assert main(["bench", "--url=http://127.0.0.1:9", '--policy_variants={"m0": ["adaptive", {}]}']) == 2
+    assert "needs the in-process engine" in capsys.readouterr().err
+    assert main(["bench", "--url=http://127.0.0.1:9", "--rounds=0"]) == 2
+    assert "dspark-core bench: error: --rounds must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without CUDA")

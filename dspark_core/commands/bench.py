@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dspark_core.errors import DSparkError
+from dspark_core.errors import ConfigError, DSparkError
 
 NAME = "bench"
 HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
@@ -96,13 +96,13 @@ def parse_variants(text: str, option: str = "--policy_variants") -> dict[str, tu
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"{option}: not valid JSON ({exc})") from None
+        raise ConfigError(f"{option}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
-        raise SystemExit(f'{option}: expected a JSON object {{"label": ["policy", {{options}}]}}, got {text!r}')
+        raise ConfigError(f'{option}: expected a JSON object {{"label": ["policy", {{options}}]}}, got {text!r}')
     variants = {}
     for label, value in raw.items():
         if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], dict)):
-            raise SystemExit(f'{option}: {label!r} must be ["policy", {{options}}], got {json.dumps(value)}')
+            raise ConfigError(f'{option}: {label!r} must be ["policy", {{options}}], got {json.dumps(value)}')
         variants[label] = (value[0], value[1])
     return variants
 
@@ -121,17 +121,17 @@ def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str
         elif single:  # one fixed width, e.g. fixed-k1
             k = int(single.group(1))
             if not 1 <= k <= width:
-                raise SystemExit(f"--policies: {name} needs 1 <= k <= K={width}")
+                raise ConfigError(f"--policies: {name} needs 1 <= k <= K={width}")
             policies[name] = hooks.budget_policy("fixed", {"k": k})
         else:
             policies[name] = hooks.budget_policy(name, {})
     for label, (policy, options) in (variants or {}).items():
         if label in policies:
-            raise SystemExit(f"{option}: label {label!r} is already a policy of this run; choose another")
+            raise ConfigError(f"{option}: label {label!r} is already a policy of this run; choose another")
         try:
             policies[label] = hooks.budget_policy(policy, options)
         except DSparkError as exc:
-            raise SystemExit(f"{option}: {label!r}: {exc}") from None
+            raise ConfigError(f"{option}: {label!r}: {exc}") from None
     return policies
 
 
@@ -153,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     from dspark_core.bench.run import run_benchmark
 
     if len(args.prompts_per_concurrency) != len(args.concurrency):
-        raise SystemExit("--prompts_per_concurrency needs one value per --concurrency value")
+        raise ConfigError("--prompts_per_concurrency needs one value per --concurrency value")
     if args.rounds < 1:
-        raise SystemExit("--rounds must be at least 1")
+        raise ConfigError("--rounds must be at least 1")
     prompts = _prompts(args.prompts)
     started = time.perf_counter()
     width = args.num_speculative_tokens
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         from dspark_core.bench.client import run_against_server
 
         if parse_variants(args.policy_variants):
-            raise SystemExit("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
+            raise ConfigError("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
         from dspark_core.plugins import default_hooks
