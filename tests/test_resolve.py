@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
+import torch
 
 from dspark_core.commands.table import _launch
 from dspark_core.costs.fingerprint import compare
@@ -79,3 +80,14 @@ def test_cpu_drafts_in_bfloat16_only_where_products_are_native(monkeypatch, capa
 
     monkeypatch.setattr(torch._C._cpu, "_get_cpu_capability", lambda: capability)
     assert pick_device(default_hooks(), "cpu").default_draft_dtype == expected
+
+
+def test_generate_refuses_an_unusable_device_before_loading_the_model(tmp_path, capsys):
+    from dspark_core.cli import main
+
+    missing = tmp_path / "missing.gguf"  # never read: the device is checked first
+    assert main(["generate", f"--model={missing}", "--prompt=x", "--device=tpu"]) == 2
+    assert "no device named 'tpu' (available: cpu, cuda, npu)" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["generate", f"--model={missing}", "--prompt=x", "--device=cuda:0"]) == 2
+        assert "device=cuda: this PyTorch build sees no CUDA device" in capsys.readouterr().err

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="Wrap --prompt as one user turn with the model's chat template.")
     parser.add_argument("--max_tokens", type=int, default=64, help="Most new tokens per prompt (stops earlier at EOS).")
     parser.add_argument("--max_batch", type=int, default=16, help="Largest request bucket (prompts decoded together).")
-    parser.add_argument("--device", default="cpu", help="Torch device.")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda, cuda:N, npu or auto; the device plugin says when one is not usable here.")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Weight dtype.")
     parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE", help="Extra plugin (repeatable).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object with every completion and its statistics.")
@@ -46,15 +47,19 @@ def build_engine(args: argparse.Namespace):
     from dspark_core.models.loading import load_target
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.plugins import load_hooks
+    from dspark_core.resolve import pick_device
     from dspark_core.table import load_table
 
     hooks = load_hooks(args.plugin)
     dtype = _DTYPES[args.dtype]
-    target = load_target(args.model, device=args.device, dtype=dtype, hooks=hooks)
+    # the device plugin refuses a device this machine cannot use, before any weight is loaded
+    spec = pick_device(hooks, args.device.split(":")[0])
+    device = args.device if ":" in args.device else spec.torch_device
+    target = load_target(args.model, device=device, dtype=dtype, hooks=hooks)
     draft = None
     if args.draft_model:
         path = default_draft_path(args.model) if args.draft_model == "default" else args.draft_model
-        draft = load_draft(path, device=args.device, dtype=dtype)
+        draft = load_draft(path, device=device, dtype=dtype)
     policy = args.policy or ("fixed" if draft is not None else "none")
     try:
         options = json.loads(args.policy_options)
