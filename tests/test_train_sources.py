@@ -180,6 +180,21 @@ def test_skip_prompts_trains_on_the_later_prompts_only(tmp_path):
     assert summary["skip_prompts"] == 4 and summary["prompt_chars"] == [16, 500]
     with pytest.raises(ConfigError, match=r"--skip_prompts must be at least 0 and below --prompts \(20\), got 20"):
         options(tmp_path, skip_prompts=20)
+    # the held-out answers come out of the prompts a run answers, and at least one must be left to train on
+    with pytest.raises(ConfigError, match=r"--heldout must be at least 0 and below the 4 prompts this run answers "
+                                          r"\(--prompts 20 minus --skip_prompts 16\), got 4"):
+        options(tmp_path, skip_prompts=16)
+    with pytest.raises(ConfigError, match=r"--prompts must be at least 1, got 0"):
+        attrs.evolve(options(tmp_path), prompts=0)
+
+
+def test_eval_draft_refuses_bad_widths_when_parsing_flags(capsys):
+    from dspark_core.cli import main
+
+    for value, message in (("0", "every width must be at least 1, got '0'"), ("5,x", "expected comma-separated widths")):
+        with pytest.raises(SystemExit):  # argparse: usage and the message on stderr, exit status 2
+            main(["eval-draft", "--tiny", f"--widths={value}"])
+        assert message in capsys.readouterr().err
 
 
 def test_skipping_prompts_gets_shards_of_its_own():

@@ -15,7 +15,13 @@ HELP = "Evaluate a draft: real-engine acceptance and τ at several widths, confi
 
 
 def _widths(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+    try:
+        widths = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated widths such as 5,7, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"every width must be at least 1, got {text!r}")
+    return widths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

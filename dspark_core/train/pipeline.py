@@ -81,20 +81,33 @@ def _has_shards(options: PipelineOptions, attribute, value: tuple[Path, ...]) ->
             raise ConfigError(f"--extra_features: {directory} holds no feature shards (part-*.pt)")
 
 
+def _at_least_one(options: PipelineOptions, attribute, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"--{attribute.name} must be at least 1, got {value}")
+
+
 def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
     if not 0 <= value < options.prompts:
         raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
+
+
+def _heldout(options: PipelineOptions, attribute, value: int) -> None:
+    used = options.prompts - options.skip_prompts
+    if not 0 <= value < used:
+        raise ConfigError(f"--heldout must be at least 0 and below the {used} prompts this run answers (--prompts "
+                          f"{options.prompts} minus --skip_prompts {options.skip_prompts}), got {value}; "
+                          "the held-out answers come out of those prompts")
 
 
 @frozen
 class PipelineOptions:
     target: str = "smollm2"
     output: Path = field(default=Path("draft-run"), converter=Path)
-    prompts: int = 900
+    prompts: int = field(default=900, validator=_at_least_one)
     # leave out the first N of the --prompts prompts (those an earlier stage trained on): a fine-tuning stage
     # then answers only new prompts, and keeps its shards apart from the full list's
     skip_prompts: int = field(default=0, validator=_skip_prompts)
-    heldout: int = 64
+    heldout: int = field(default=64, validator=_heldout)
     max_tokens: int = 128
     max_prompt_chars: int = 500
     # shortest prompt used; a stage on long prompts only (e.g. 501..2000) meets none an earlier stage met
