@@ -145,10 +145,14 @@ class CalibrationSettings:
 
     def rows_by_bucket(self) -> dict[int, tuple[int, ...]] | None:
         """Per-bucket rows when given as a mapping, else None."""
-        rows = self.target_graph_rows
-        if rows and isinstance(rows[0], tuple):
-            return dict(rows)
-        return None
+        return rows_by_bucket(self.target_graph_rows)
+
+
+def rows_by_bucket(rows: TargetRows | None) -> dict[int, tuple[int, ...]] | None:
+    """Normalized ``target_graph_rows`` as a bucket -> rows dict when given per bucket, else None."""
+    if rows and isinstance(rows[0], tuple):
+        return dict(rows)  # per bucket: (bucket, rows) pairs
+    return None
 
 
 def structure_rows(value: Any, _type: Any) -> TargetRows | None:

@@ -191,7 +191,7 @@ def test_skip_prompts_trains_on_the_later_prompts_only(tmp_path):
 def test_eval_draft_refuses_bad_widths_when_parsing_flags(capsys):
     from dspark_core.cli import main
 
-    for value, message in (("0", "every width must be at least 1, got '0'"), ("5,x", "expected comma-separated widths")):
+    for value, message in (("0", "expected positive integers, got '0'"), ("5,x", "expected comma-separated integers")):
         with pytest.raises(SystemExit):  # argparse: usage and the message on stderr, exit status 2
             main(["eval-draft", "--tiny", f"--widths={value}"])
         assert message in capsys.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -87,12 +88,13 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
 
 
 def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
-               announce: Callable[[ProbePoint | None], None] | None = None) -> list[CostSample]:
+               announce: Callable[[ProbePoint], AbstractContextManager[None]] = lambda point: nullcontext()
+               ) -> list[CostSample]:
     """Probe every point of ``plan`` in order; a tqdm bar shows the point being measured.
 
-    ``announce`` (rank 0 of a multi-rank service) is called with each recorded point
-    before it runs and with None after it, so that the other ranks time the same windows;
-    the unrecorded first pass is not announced (they replay its steps without timing them).
+    Each recorded point runs inside ``announce(point)``: rank 0 of a multi-rank service
+    tells the other ranks there, so that they time the same windows. The unrecorded first
+    pass is not announced (they replay its steps without timing them).
     """
     generator = torch.Generator().manual_seed(plan.settings.token_seed)
     if plan.points:
@@ -104,11 +106,8 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
     for point in bar:
         rows = "draft-off" if point.draft_off else point.target_rows
         bar.set_postfix_str(f"bucket={point.request_bucket} rows={rows} ctx={point.context_index}")
-        if announce is not None:
-            announce(point)
-        samples += probe_point(engine, point, plan, generator)
-        if announce is not None:
-            announce(None)
+        with announce(point):
+            samples += probe_point(engine, point, plan, generator)
         engine.work.profiling_runs += 1
     engine.reset_counters()  # serving statistics start at ready
     return samples

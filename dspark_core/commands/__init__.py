@@ -4,6 +4,8 @@ Each module listed in :data:`COMMANDS` defines ``NAME`` (the sub-command),
 ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 """
 
+import argparse
+
 COMMANDS: tuple[str, ...] = (
     "serve",
     "plugins",
@@ -12,3 +14,14 @@ COMMANDS: tuple[str, ...] = (
     "train_draft", "calibrate_confidence", "eval_draft", "shrink_draft",
     "bench",
 )
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated positive integers (``1,4,16``)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values

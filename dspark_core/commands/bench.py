@@ -9,22 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dspark_core.commands import positive_ints
 from dspark_core.errors import ConfigError, DSparkError
 
 NAME = "bench"
 HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
 
 DEFAULT_POLICIES = "adaptive,none,fixed,threshold,argmax-notier,stale-argmax,min-gain"
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='JSON object of extra, labelled policies with options, run beside --policies: '
                              '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]} (in-process mode).')
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
-    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16], help="Concurrency sweep.")
-    parser.add_argument("--prompts_per_concurrency", type=_ints, default=[2, 4, 16],
+    parser.add_argument("--concurrency", type=positive_ints, default=[1, 4, 16], help="Concurrency sweep.")
+    parser.add_argument("--prompts_per_concurrency", type=positive_ints, default=[2, 4, 16],
                         help="Prompts run at each concurrency (same order as --concurrency).")
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
     parser.add_argument("--rounds", type=int, default=3,

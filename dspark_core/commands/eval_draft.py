@@ -8,20 +8,11 @@ import math
 import time
 from pathlib import Path
 
+from dspark_core.commands import positive_ints
 from dspark_core.train.runtime import DTYPES, add_device_arguments
 
 NAME = "eval-draft"
 HELP = "Evaluate a draft: real-engine acceptance and τ at several widths, confidence ECE (before/after STS) and ROC-AUC."
-
-
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated widths such as 5,7, got {text!r}") from None
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"every width must be at least 1, got {text!r}")
-    return widths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prompts", default=None, help="JSONL of prompts (objects with 'prompt' or 'messages', or a generations file with "
                                       "'prompt_ids' such as RUN/heldout.jsonl of train-draft). Default: MT-Bench first turns.")
     a("--limit", type=int, default=0, help="Use only the first N prompts (0 = all).")
-    a("--widths", type=_widths, default=(5, 7), help="Draft widths K to run, comma separated. Default: 5,7.")
+    a("--widths", type=positive_ints, default=(5, 7), help="Draft widths K to run, comma separated. Default: 5,7.")
     a("--max_tokens", type=int, default=128, help="Greedy tokens per prompt. Default: 128.")
     a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from dspark_core.errors import ConfigError
+from dspark_core.fit_settings import rows_by_bucket
 
 if TYPE_CHECKING:
     from dspark_core.calibration.plan import CalibrationFile
@@ -51,9 +52,8 @@ def fit_demo_to_buckets(demo: CalibrationFile, captured: Sequence[int]) -> Calib
     """The demo grid restricted to the ``captured`` request buckets (its rows per bucket kept as written)."""
     keep = set(captured)
     buckets = None if demo.request_buckets is None else tuple(b for b in demo.request_buckets if b in keep)
-    rows = demo.target_graph_rows
-    if rows and isinstance(rows[0], tuple):  # per bucket
-        rows = tuple(entry for entry in rows if entry[0] in keep)
+    per_bucket = rows_by_bucket(demo.target_graph_rows)
+    rows = demo.target_graph_rows if per_bucket is None else {b: r for b, r in per_bucket.items() if b in keep}
     if buckets == ():
         raise ConfigError(f"--adaptive_dspark_calibration=demo: the demo grid has no point in the captured request "
                           f"buckets {sorted(keep)}; pass a calibration file instead")

@@ -20,6 +20,8 @@ Before any of this, :func:`check_same_launch` compares the launch fingerprint
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -80,11 +82,11 @@ def calibrate_rank0(engine, plan: CalibrationPlan, channel: Channel, *, progress
     settings = plan.settings
     warmup = max(settings.warmup_steps, 1)  # as the probe counts it
 
-    def announce(point: ProbePoint | None) -> None:
-        if point is None:
-            channel.send(POINT_END)
-        else:
-            channel.send(POINT_BEGIN, [point.request_bucket, warmup, settings.window_steps, settings.windows_per_point])
+    @contextmanager
+    def announce(point: ProbePoint) -> Iterator[None]:
+        channel.send(POINT_BEGIN, [point.request_bucket, warmup, settings.window_steps, settings.windows_per_point])
+        yield
+        channel.send(POINT_END)
 
     samples = run_probes(engine, plan, progress=progress, announce=announce)
     channel.send(CALIBRATED, [len(samples)])
