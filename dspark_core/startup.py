@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from attrs import define
 
+from dspark_core.audit import get_logger
 from dspark_core.calibration.plan import CalibrationFile, CalibrationPlan, read_calibration_file, resolve_plan
 from dspark_core.config import ServeConfig
 from dspark_core.costs.fingerprint import Fingerprint
@@ -147,6 +148,11 @@ def build_engine(launch: Launch) -> Engine:
     )
     geometry = launch.geometry if launch.geometry.draft_width else None
     engine = Engine(target, draft, engine_config, hooks=launch.hooks, geometry=geometry, graphs=graphs)
+    if engine.max_model_len < config.max_model_len:
+        # the cap is the spec's rule; say so, or a user reading their own flag expects longer prompts to fit
+        get_logger("startup").warning(
+            "max_model_len capped at the model's context limit", requested=config.max_model_len,
+            model_context=target.config.max_position, max_model_len=engine.max_model_len)
     if config.adaptive:
         launch.fingerprint = fingerprint_launch(launch)
         _check_table_or_plan(launch, engine)

@@ -177,6 +177,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["settings"]["token_seed"] == 1 and audit["settings"]["window_steps"] == 2  # omitted default + file value
     assert audit["settings"]["draft_width"] == 5
     assert audit["geometry"]["request_buckets"] == [1, 2]
+    assert audit["max_model_len"] == 128
     engine.close()
 
     # reuse: warmup again, but no probing and no fit
@@ -195,6 +196,28 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert "execution.geometry" in str(info.value)
     with pytest.raises(TableError, match="draft_width"):
         start([*serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"), "--num_speculative_tokens=7"])
+
+
+def test_a_max_model_len_beyond_the_model_context_is_capped_and_said(tmp_path, checkpoints):
+    target, draft = checkpoints  # the tiny target's context is 512 positions
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    config = parse_serve_args([*serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}"),
+                               "--max_model_len=100000"])
+    launch = resolve_launch(config)
+    with structlog.testing.capture_logs() as logs:
+        engine = build_engine(launch)
+        bring_up(engine, launch, progress=False)
+    assert engine.max_model_len == 512
+    (warning,) = [e for e in logs if e["event"].startswith("max_model_len capped")]
+    assert warning["log_level"] == "warning"
+    assert (warning["requested"], warning["model_context"], warning["max_model_len"]) == (100000, 512, 512)
+    (audit,) = [e for e in logs if e["event"] == STARTUP_AUDIT_EVENT]
+    assert audit["max_model_len"] == 512
+    engine.close()
+    with structlog.testing.capture_logs() as logs:  # within the limit: nothing to say
+        build_engine(resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))).close()
+    assert not [e for e in logs if e["event"].startswith("max_model_len capped")]
 
 
 def test_serving_after_ready_never_profiles_fits_or_captures(tmp_path, checkpoints):

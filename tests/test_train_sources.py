@@ -168,6 +168,16 @@ def test_ce_weight_flag_reaches_the_trainer(tiny):
     assert default.settings.ce_weight == 0.1
 
 
+@pytest.mark.parametrize("prompts,heldout", [(1, 0), (5, 1), (24, 6), (100, 6)])
+def test_tiny_mode_holds_out_at_most_a_quarter_of_its_prompts(prompts, heldout):
+    from dspark_core.cli import build_parser
+    from dspark_core.commands.train_draft import options_from_args
+
+    # the tiny run used to keep 6 held out whatever --prompts said, and refused --prompts below 7
+    opts = options_from_args(build_parser().parse_args(["train-draft", "--tiny", f"--prompts={prompts}"]))
+    assert (opts.prompts, opts.heldout) == (min(prompts, 24), heldout)
+
+
 def test_skip_prompts_trains_on_the_later_prompts_only(tmp_path):
     opts = options(tmp_path, steps=2, answers="sharegpt", skip_prompts=4)
     _, target, _, _ = run_pipeline(opts, progress=False, log=quiet)

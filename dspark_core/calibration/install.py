@@ -111,7 +111,8 @@ def bring_up(engine, launch, *, progress: bool = True) -> CostTable | None:
 def _audit(launch, engine, table: CostTable, source: str) -> None:
     extra: dict[str, Any] = {"cost_model": table.model, "graph_backend": engine.runner.graphs.name
                              if engine.runner.graphs is not None else "disabled",
-                             "dtype": launch.dtype, "draft_dtype": launch.draft_dtype}
+                             "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
+                             "max_model_len": engine.max_model_len}
     if source == "saved table":
         extra["table_path"] = launch.config.adaptive_dspark_cost_table
         extra["saved_settings"] = unstructure(table.settings) if table.settings is not None else None

@@ -137,7 +137,10 @@ def options_from_args(args: argparse.Namespace):
                                           head_dtype="float32")
         common["shard_size"] = min(args.shard_size, 8)
         prompts = min(args.prompts, 24)
-        return PipelineOptions(heldout=min(args.heldout, 6), prompts=prompts, skip_prompts=min(args.skip_prompts, prompts // 3),
+        skip = min(args.skip_prompts, prompts // 3)
+        # a quarter of the answered prompts at most, so that a small --prompts still leaves training data
+        heldout = min(args.heldout, 6, (prompts - skip) // 4)
+        return PipelineOptions(heldout=heldout, prompts=prompts, skip_prompts=skip,
                                max_tokens=min(args.max_tokens, 40), gen_batch=8, layers=1,
                                block_size=min(args.block_size, 4), draft_vocab=64, markov_rank=8, tiny=True, **common)
     return PipelineOptions(target=args.target, prompts=args.prompts, skip_prompts=args.skip_prompts, max_tokens=args.max_tokens, gen_batch=args.gen_batch,
