@@ -58,7 +58,7 @@ class ServeConfig:
     cp_size: int = flag(1, "Context-parallel size. The adaptive path requires 1.", group="distributed")
     # --- HTTP ---
     host: str = flag("127.0.0.1", "Address the HTTP server listens on.", group="http")
-    port: int = flag(8000, "Port the HTTP server listens on.", group="http")
+    port: int = flag(8000, "Port the HTTP server listens on (0: a free port, named in the log). It is held from startup, so a port in use fails at once.", group="http")
     max_pending_requests: int = flag(256, "Requests admitted at once (running + waiting); more get 429.", group="http")
     served_model_name: str | None = flag(None, "Model name in the API (`model` field); defaults to the --model value's name.", group="http")
     # --- speculative decoding ---

@@ -75,6 +75,35 @@ def test_serve_refuses_a_bad_launch_before_any_work(tmp_path):
     assert result.returncode != 0 and "already exists" in result.stderr
 
 
+def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path):
+    target, draft = write_tiny_pair(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # another server already listens there
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "dspark_core.cli", "serve", f"--model={target}", f"--draft_model={draft}",
+             "--num_speculative_tokens=5", "--max_seqs_per_batch=2", "--max_model_len=128", f"--port={port}"],
+            capture_output=True, text=True, timeout=60)
+    # it used to load, warm up and calibrate, log "engine ready" and "serving", then exit 3 with no error line
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"--host=127.0.0.1 --port={port}: cannot listen there: Address already in use" in result.stderr
+    assert "engine ready" not in result.stderr and "serving" not in result.stderr
+
+
+@pytest.mark.parametrize("host", ["nosuchhost.invalid", "192.0.2.1"])  # no such name; TEST-NET, not ours
+def test_an_address_that_cannot_be_listened_on_is_named(host):
+    from dspark_core.errors import ConfigError
+    from dspark_core.server.http import listen_socket
+
+    with pytest.raises(ConfigError) as info:
+        listen_socket(host, 8000)
+    message = str(info.value)
+    # the resolver's or the kernel's own words, not an errno number or the address a second time
+    assert message.startswith(f"--host={host} --port=8000: cannot listen there: ")
+    assert "Unknown error" not in message and "while attempting" not in message
+    with listen_socket("127.0.0.1", 0) as sock:  # --port=0: the system picks a free port
+        assert sock.getsockname()[1] > 0
+
+
 def test_two_rank_serve_command(tmp_path):
     """Both ranks run `dspark-core serve` with the same flags plus their own node_rank."""
     target, draft = write_tiny_pair(tmp_path)

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
+import os
 import signal
 import socket
 import threading
@@ -34,6 +37,7 @@ from attrs import frozen
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dspark_core.audit import bridge_stdlib_logging
+from dspark_core.errors import ConfigError
 from dspark_core.server.fields import ApiError
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 503: "Service Unavailable"}
@@ -152,6 +156,13 @@ class _Server(uvicorn.Server):
     which kills the process with that signal's status.)
     """
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if sockets and self.started:  # uvicorn names the address only for sockets it bound itself
+            host, port = sockets[0].getsockname()[:2]
+            logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)",
+                                                    f"[{host}]" if ":" in host else host, port)
+
     @contextlib.contextmanager
     def capture_signals(self):
         if threading.current_thread() is not threading.main_thread():
@@ -180,13 +191,41 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout: float |
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before any model is loaded.
+
+    ``serve`` holds the port from its first second, so a port in use is a one-line
+    error at once rather than after minutes of loading and calibration, and nothing
+    can take the port while they run. Raises ConfigError naming the address.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
+    try:
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a name that does not resolve says so
+        # SO_REUSEADDR (set by create_server on POSIX) lets a restarted server rebind at once
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        hint = "; another process is listening there: stop it or choose another --port" \
+            if exc.errno == errno.EADDRINUSE else ""
+        # create_server appends the address to strerror, which the message already names
+        reason = exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno else os.strerror(exc.errno)
+        raise ConfigError(f"--host={host} --port={port}: cannot listen there: {reason}{hint}") from None
+
+
 def serve_http(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
-               graceful_timeout: float | None = 30.0, limits: HttpLimits | None = None) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM, then shut down gracefully and return."""
+               graceful_timeout: float | None = 30.0, limits: HttpLimits | None = None,
+               sock: socket.socket | None = None) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM, then shut down gracefully and return.
+
+    With ``sock`` (from :func:`listen_socket`) uvicorn serves on that socket, and
+    ``host``/``port`` only name it in logs.
+    """
     server = _Server(_config(app, host, port, log_level, graceful_timeout, limits))
-    server.run()
+    try:
+        server.run(sockets=None if sock is None else [sock])
+    except SystemExit:  # uvicorn exits the process when it cannot start; say why instead
+        server.started = False
     if not server.started:
-        raise OSError(f"the HTTP server could not start on {host}:{port} (see the log above)")
+        raise ConfigError(f"the HTTP server could not start on {host}:{port} (see the log above)")
 
 
 class BackgroundServer:
