@@ -19,5 +19,9 @@ class TableError(DSparkError):
     """A cost table is malformed or incompatible with this launch."""
 
 
+class StartupAborted(DSparkError):
+    """Warmup or calibration stopped early because the server is shutting down."""
+
+
 class ModelError(DSparkError):
     """A checkpoint or model file is missing, malformed or unsupported."""

@@ -47,15 +47,15 @@ def write_hf(directory: Path, tensors: dict[str, torch.Tensor], **config_overrid
     return directory
 
 
-def write_tiny_pair(root: Path, *, seed: int = 0, block_size: int = 7) -> tuple[Path, Path]:
+def write_tiny_pair(root: Path, *, seed: int = 0, block_size: int = 7, max_position: int = 512) -> tuple[Path, Path]:
     """A tiny Llama HF directory and a DSpark draft (speculators format) for it."""
     from dspark_core.models.random_models import random_draft, random_target_tensors
     from dspark_core.models.speculators_io import save_draft
 
-    cfg = tiny_target_config(vocab_size=len(VOCAB), num_layers=2, max_position=512,
+    cfg = tiny_target_config(vocab_size=len(VOCAB), num_layers=2, max_position=max_position,
                              bos_token_id=len(VOCAB) - 2, eos_token_ids=(len(VOCAB) - 1,))
     target_dir = write_hf(root / "target", random_target_tensors(cfg, seed), model_type="llama",
-                          tie_word_embeddings=True, max_position_embeddings=512)
+                          tie_word_embeddings=True, max_position_embeddings=max_position)
     draft = random_draft(cfg, seed=seed, block_size=block_size)
     save_draft(draft, root / "draft")
     return target_dir, root / "draft"

@@ -13,7 +13,7 @@ from dspark_core.calibration.install import bring_up
 from dspark_core.calibration.plan import read_calibration_file, resolve_plan
 from dspark_core.config import parse_serve_args
 from dspark_core.engine.request import SamplingParams
-from dspark_core.errors import ConfigError, TableError
+from dspark_core.errors import ConfigError, StartupAborted, TableError
 from dspark_core.geometry import Geometry
 from dspark_core.plugins import default_hooks
 from dspark_core.startup import build_engine, resolve_launch
@@ -218,6 +218,28 @@ def test_a_max_model_len_beyond_the_model_context_is_capped_and_said(tmp_path, c
     with structlog.testing.capture_logs() as logs:  # within the limit: nothing to say
         build_engine(resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))).close()
     assert not [e for e in logs if e["event"].startswith("max_model_len capped")]
+
+
+def test_a_startup_abort_stops_calibration_at_its_next_step_and_leaves_the_engine_clean(tmp_path, checkpoints):
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    launch = resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))
+    engine = build_engine(launch)
+    steps = []
+
+    def abort_after_three(report) -> None:  # as a server's shutdown would, from its own thread
+        steps.append(report)
+        if len(steps) == 3:
+            engine.startup_abort.set()
+
+    engine.add_observer(abort_after_three)
+    with pytest.raises(StartupAborted, match="the server is shutting down"):
+        bring_up(engine, launch, progress=False)
+    assert len(steps) <= 4  # the step in flight when the flag was seen may still be processed
+    assert not engine.ready and engine.table is None and engine.work.fits == 0
+    assert not engine.queue.in_flight and not engine.scheduler.running and not engine.scheduler.waiting
+    engine.close()
 
 
 def test_serving_after_ready_never_profiles_fits_or_captures(tmp_path, checkpoints):

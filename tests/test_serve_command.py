@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -102,6 +103,39 @@ def test_an_address_that_cannot_be_listened_on_is_named(host):
     assert "Unknown error" not in message and "while attempting" not in message
     with listen_socket("127.0.0.1", 0) as sock:  # --port=0: the system picks a free port
         assert sock.getsockname()[1] > 0
+
+
+def test_sigterm_during_calibration_stops_at_once(tmp_path):
+    target, draft = write_tiny_pair(tmp_path, max_position=4096)
+    cal = tmp_path / "cal.json"  # ~12 000 steps: about a minute on a 2-core CPU
+    cal.write_text(json.dumps({**CAL, "contexts": [{"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 4000}],
+                               "window_steps": 200, "windows_per_point": 3}))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dspark_core.cli", "serve", f"--model={target}", f"--draft_model={draft}",
+         "--num_speculative_tokens=5", "--max_seqs_per_batch=2", "--max_model_len=4096", f"--port={port}",
+         f"--adaptive_dspark_calibration={cal}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # /health answers once the model is loaded; startup work follows
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            time.sleep(0.1)
+        time.sleep(1.0)  # into warmup or calibration
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # it used to finish calibrating first (minutes with the real model), then log "engine ready" and "serving"
+    assert proc.returncode == 0, err[-2000:]
+    assert waited < 15, f"took {waited:.1f} s to stop"
+    assert "startup stopped before ready: the server is shutting down" in err
+    assert "engine ready" not in err and '"serving"' not in err and "startup setup failed" not in err
 
 
 def test_two_rank_serve_command(tmp_path):

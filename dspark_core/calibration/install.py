@@ -88,6 +88,7 @@ def bring_up(engine, launch, *, progress: bool = True) -> CostTable | None:
     if not launch.config.disable_graph_warmup:
         engine.warmup()
     warm_seconds = time.perf_counter() - started
+    engine.check_startup_abort()
     table = None
     if launch.config.adaptive:
         runtime = StartupRuntime(engine, launch, progress)

@@ -68,6 +68,7 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
                 prompt = torch.randint(0, vocab, (point.prefill_tokens,), generator=generator).tolist()
                 requests.append(engine.add_request(prompt, params))
             while len(stamps) < needed + 1:
+                engine.check_startup_abort()
                 engine.step()
                 if all(r.finish_reason is not None for r in requests):
                     raise ConfigError(f"calibration: requests of point {point} finished before {needed} steps")

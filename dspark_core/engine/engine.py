@@ -8,6 +8,7 @@ at once without schedule overlap, one step later with it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.scheduler import Scheduler
 from dspark_core.engine.step import DecodeStep, StepResult, StepStages
 from dspark_core.engine.stops import StopChecker
-from dspark_core.errors import ConfigError
+from dspark_core.errors import ConfigError, StartupAborted
 from dspark_core.geometry import Geometry, kv_reserve
 from dspark_core.graphs import GraphBackend
 from dspark_core.models.base import DraftModel, TargetModel
@@ -62,6 +63,8 @@ class Engine:
         self._observers: list[Callable[[StepReport], None]] = []
         self.work = StartupWork()
         self.ready = False
+        # set from another thread (a server shutting down) to stop startup work at its next step
+        self.startup_abort = threading.Event()
 
     # -- startup -----------------------------------------------------------------
     def warmup(self) -> None:
@@ -71,6 +74,15 @@ class Engine:
         """
         self.hooks.warmup(self)
         self.runner.warmup(self.geometry)
+
+    def check_startup_abort(self) -> None:
+        """Raise StartupAborted if a shutdown asked warmup or calibration to stop.
+
+        Startup work calls this between its steps: calibration runs for minutes on a
+        CPU, and a SIGTERM should not wait for it to end.
+        """
+        if self.startup_abort.is_set():
+            raise StartupAborted("startup stopped before ready: the server is shutting down")
 
     def mark_ready(self) -> None:
         """Seal the graph backend: from now on serving may only replay prepared keys."""

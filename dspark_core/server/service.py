@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dspark_core.engine.request import RequestOutput, SamplingParams
-from dspark_core.errors import ConfigError
+from dspark_core.errors import ConfigError, StartupAborted
 from dspark_core.geometry import kv_reserve
 from dspark_core.server import events
 from dspark_core.server.events import Failed, Finished, Submission, Tokens
@@ -80,6 +80,9 @@ class AsyncEngineService:
         def run(engine):
             try:
                 result = setup(engine)
+            except StartupAborted as exc:
+                log.warning("%s", exc)  # a shutdown during startup: nothing failed, but the table is not made
+                raise
             except BaseException as exc:
                 log.error("startup setup failed: %r", exc)
                 self.failure = exc
@@ -117,8 +120,13 @@ class AsyncEngineService:
             self._post("cancel", sub)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Cancel whatever is still running, stop the thread and close the engine (blocking)."""
+        """Cancel whatever is still running, stop the thread and close the engine (blocking).
+
+        Startup work still running (warmup, calibration) stops at its next step.
+        """
         self._closing = True
+        if not self._ready.is_set():
+            self.engine.startup_abort.set()  # an Event: safe from this thread
         with self._cond:
             self._stopping = True
             self._cond.notify()
