@@ -13,13 +13,22 @@ prompts made in the same process, before or after (``--rounds`` alternates them)
         --output benchmarks/results/draft-difficulty/engine-copy-48.json
 
 (Confidences are the draft's own for every position, so only full width is
-meaningful here; the adaptive policy would need confidences for copied tokens.)
+meaningful there.) Second mode, speed in lock-step: ``lockstep`` runs
+``benchmarks/lockstep.py`` with its arguments, and every engine whose label
+ends in ``-copy`` (from ``--variants``) gets the copies, each copied token with
+the confidence ``COPY_CONFIDENCE``::
+
+    python benchmarks/copy_proposals_prototype.py lockstep --prompts heldout-48-59.jsonl --concurrency 1 \
+        --widths 3 --table benchmarks/results/avx2/bench-k7/cost-table.json --threads 1 \
+        --variants '{"adaptive-copy": ["adaptive", {}], "fixed-k3-copy": ["fixed", {"k": 3}]}' \
+        --output benchmarks/results/draft-difficulty/lockstep-copy-c1.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -37,15 +46,21 @@ def copy_prefix(history: list[int], order: int, width: int) -> list[int]:
     return []
 
 
-def with_copy_prefix(engine, order: int, counts: dict) -> None:
-    """Wrap ``engine.runner``'s eager block so that copies replace the first drafted tokens."""
+#: Confidence of a copied token in lock-step mode: the precision of a 2-token copy's first token,
+#: teacher forced on held-out prompts 0-47 (0.79; results/draft-difficulty/heldout-48.json).
+COPY_CONFIDENCE = 0.8
+
+
+def with_copy_prefix(engine, order: int, counts: dict, confidence: float | None = None) -> None:
+    """Wrap ``engine.runner``'s eager block so that copies replace the first drafted tokens (and,
+    with ``confidence``, their confidences)."""
     runner = engine.runner
     drafted = runner._draft_block
 
     def block(anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
         tokens, confidences = drafted(anchors, positions, slots)
         prompts = {r.slot: r.prompt for r in engine.scheduler.running}
-        tokens = tokens.clone()
+        tokens, confidences = tokens.clone(), confidences.clone()
         for b, slot in enumerate(slots.tolist()):
             if slot not in prompts:
                 continue  # bucket padding
@@ -57,12 +72,38 @@ def with_copy_prefix(engine, order: int, counts: dict) -> None:
             if prefix:
                 counts["copied"] += 1
                 tokens[b, : len(prefix)] = torch.tensor(prefix, dtype=tokens.dtype)
+                if confidence is not None:
+                    confidences[b, : len(prefix)] = confidence
         return tokens, confidences
 
     runner._draft_block = block
 
 
+def lockstep_main(argv: list[str]) -> None:
+    """``benchmarks/lockstep.py`` with ``argv``; engines labelled ``*-copy`` get 2-token copies."""
+    import lockstep  # benchmarks/ is this script's directory, so it is on sys.path
+
+    counts: dict[str, dict] = {}
+    build = lockstep.side_by_side_engines
+
+    def engines_with_copies(*a, **k):
+        engines = build(*a, **k)
+        for label, engine in engines.items():
+            if label.endswith("-copy"):
+                counts[label] = {"blocks": 0, "copied": 0}
+                with_copy_prefix(engine, 2, counts[label], COPY_CONFIDENCE)
+        return engines
+
+    lockstep.side_by_side_engines = engines_with_copies
+    sys.argv = ["lockstep.py", *argv]
+    lockstep.main()
+    print(json.dumps({"copied_blocks": counts}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["lockstep"]:
+        lockstep_main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL prompts (held-out, never MT-Bench).")
     parser.add_argument("--start", type=int, default=0)
