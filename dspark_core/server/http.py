@@ -192,23 +192,28 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout: float |
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port``, bound before any model is loaded.
+    """A TCP socket bound to ``host:port`` before any model is loaded; uvicorn listens on it later.
 
     ``serve`` holds the port from its first second, so a port in use is a one-line
     error at once rather than after minutes of loading and calibration, and nothing
-    can take the port while they run. Raises ConfigError naming the address.
+    can take the port while they run. The socket is bound but not listening until
+    the HTTP server starts, so a client that connects during loading is refused at
+    once, as if nothing were there, instead of waiting in the kernel's backlog.
+    Raises ConfigError naming the address.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # a name that does not resolve says so
-        # SO_REUSEADDR (set by create_server on POSIX) lets a restarted server rebind at once
-        return socket.create_server((host, port), family=family, backlog=2048)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted server rebinds at once
+        sock.bind((host, port))
     except OSError as exc:
+        sock.close()
         hint = "; another process is listening there: stop it or choose another --port" \
             if exc.errno == errno.EADDRINUSE else ""
-        # create_server appends the address to strerror, which the message already names
         reason = exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno else os.strerror(exc.errno)
         raise ConfigError(f"--host={host} --port={port}: cannot listen there: {reason}{hint}") from None
+    return sock
 
 
 def serve_http(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
