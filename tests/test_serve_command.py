@@ -102,7 +102,11 @@ def test_an_address_that_cannot_be_listened_on_is_named(host):
     assert message.startswith(f"--host={host} --port=8000: cannot listen there: ")
     assert "Unknown error" not in message and "while attempting" not in message
     with listen_socket("127.0.0.1", 0) as sock:  # --port=0: the system picks a free port
-        assert sock.getsockname()[1] > 0
+        port = sock.getsockname()[1]
+        assert port > 0
+        # bound, not listening: while the model loads a client is refused, not left hanging in a backlog
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_sigterm_during_calibration_stops_at_once(tmp_path):
