@@ -101,6 +101,18 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def write_report(path, report: dict) -> None:
+    """Print ``report`` as indented JSON and, with a ``path``, write it there too (folders made)."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(report, indent=1)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
+
+
 def write_results(path: str | None, script: str, meta: dict, results: list[dict]) -> None:
     """Write ``{"meta", "results"}`` JSON to ``path`` (nothing without one); meta gains torch and the command."""
     if not path:

@@ -33,17 +33,8 @@ import time
 from pathlib import Path
 
 import torch
-
-
-def copy_prefix(history: list[int], order: int, width: int) -> list[int]:
-    """What followed the latest earlier occurrence of ``history``'s last ``order`` tokens (at most
-    ``width`` tokens, only ones already in ``history``); empty when there is none."""
-    p = len(history) - 1
-    key = history[p - order + 1 :]
-    for j in range(p - 1, order - 2, -1):
-        if history[j - order + 1 : j + 1] == key:
-            return history[j + 1 : min(j + 1 + width, p + 1)]
-    return []
+from common import write_report
+from draft_difficulty import last_match_continuation  # benchmarks/ is this script's directory
 
 
 #: Confidence of a copied token in lock-step mode: the precision of a 2-token copy's first token,
@@ -67,7 +58,7 @@ def with_copy_prefix(engine, order: int, counts: dict, confidence: float | None 
             written = runner.storage.output_tokens[slot, : int(runner.storage.output_lengths[slot])].tolist()
             history = prompts[slot] + written
             assert history[-1] == int(anchors[b]), "the anchor is not the last committed token"
-            prefix = copy_prefix(history, order, tokens.shape[1])
+            prefix = last_match_continuation(history, len(history) - 1, order, tokens.shape[1]) or []
             counts["blocks"] += 1
             if prefix:
                 counts["copied"] += 1
@@ -149,11 +140,7 @@ def main() -> None:
     report = {"prompts": str(args.prompts), "start": args.start, "limit": args.limit, "width": args.width,
               "order": args.order, "copied_blocks": counts, "identical_outputs": outputs[0] == outputs[1],
               "runs": runs}
-    text = json.dumps(report, indent=1)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

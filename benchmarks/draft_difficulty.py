@@ -18,11 +18,11 @@ Use held-out prompts (``benchmarks/heldout_prompts.py``), never the evaluation s
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
+from common import write_report
 
 EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0001)  # top-1 probability bins (the last one holds 1.0)
 LEADS = (0.0, 0.05, 0.1, 0.2, 0.4, 1.0001)  # top-1 minus top-2 probability
@@ -129,25 +129,18 @@ def main() -> None:
     feats = compute_features(target, list(zip(ids, engine["outputs"])), draft.config.aux_layer_ids, k=2)
     _, hits = confidences_from_features(draft, feats)
     k_out = draft.config.num_speculative_tokens
-    top1, top2 = [], []
+    top1, top2, sequences = [], [], []
     for n in range(feats.num_sequences):  # the same anchors, in the same order, as confidences_from_features
         off, first, total = answer_span(feats, n)
         rows = off + torch.arange(first, total - k_out)
         top1.append(feats.topk_probs[rows, 0].float().numpy())
         top2.append(feats.topk_probs[rows, 1].float().numpy())
-    sequences = []
-    for n in range(feats.num_sequences):
-        off, first, total = answer_span(feats, n)
         sequences.append((feats.tokens[off : off + total].tolist(), first))
     report = {"prompts": str(args.prompts), "limit": args.limit, "width": args.width,
               "engine_tau": engine["tau"], "engine_acceptance_by_position": engine["acceptance_by_position"],
               **analyse(np.concatenate(top1), np.concatenate(top2), hits[:, 0].astype(bool)),
               "copy": [copy_study(sequences, hits.astype(bool), k_out, order) for order in (1, 2, 3)]}
-    text = json.dumps(report, indent=1)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_difficulty.py"
+from script_support import load_script
 
 
 @pytest.fixture(scope="module")
 def dd():
-    spec = importlib.util.spec_from_file_location("draft_difficulty", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("draft_difficulty")
 
 
 def test_the_continuation_comes_from_the_latest_match_and_never_looks_ahead(dd):

@@ -39,11 +39,9 @@ def test_a_run_without_a_curve_file_is_refused_by_name(tmp_path):
 
 
 def test_a_colon_is_read_as_a_baseline_only_when_a_number_follows():
-    import importlib.util
+    from script_support import load_script
 
-    spec = importlib.util.spec_from_file_location("plot_draft_curves", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("plot_draft_curves")
     assert module.split_baseline("runs/a.jsonl:1.63") == ("runs/a.jsonl", 1.63)
     assert module.split_baseline("runs/a.jsonl") == ("runs/a.jsonl", None)
     assert module.split_baseline("C:/runs/a.jsonl") == ("C:/runs/a.jsonl", None)

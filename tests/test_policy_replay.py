@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_support import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "policy_replay.py"
@@ -19,10 +19,7 @@ WIDTH = 7
 
 @pytest.fixture(scope="module")
 def replay_module():
-    spec = importlib.util.spec_from_file_location("policy_replay", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("policy_replay")
 
 
 def write_traces(path: Path, drafts: dict[str, np.ndarray], answers: int = 6, positions: int = 400) -> Path:

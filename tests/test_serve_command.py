@@ -93,15 +93,15 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path):
 @pytest.mark.parametrize("host", ["nosuchhost.invalid", "192.0.2.1"])  # no such name; TEST-NET, not ours
 def test_an_address_that_cannot_be_listened_on_is_named(host):
     from dspark_core.errors import ConfigError
-    from dspark_core.server.http import listen_socket
+    from dspark_core.server.http import bind_http_socket
 
     with pytest.raises(ConfigError) as info:
-        listen_socket(host, 8000)
+        bind_http_socket(host, 8000)
     message = str(info.value)
     # the resolver's or the kernel's own words, not an errno number or the address a second time
     assert message.startswith(f"--host={host} --port=8000: cannot listen there: ")
     assert "Unknown error" not in message and "while attempting" not in message
-    with listen_socket("127.0.0.1", 0) as sock:  # --port=0: the system picks a free port
+    with bind_http_socket("127.0.0.1", 0) as sock:  # --port=0: the system picks a free port
         port = sock.getsockname()[1]
         assert port > 0
         # bound, not listening: while the model loads a client is refused, not left hanging in a backlog

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dspark_core.calibration.install import bring_up
     from dspark_core.server.app import build_app
-    from dspark_core.server.http import listen_socket, serve_http
+    from dspark_core.server.http import bind_http_socket, serve_http
     from dspark_core.server.service import AsyncEngineService
     from dspark_core.startup import build_engine, resolve_launch
     from dspark_core.validate import check_config
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_config(config)  # flag errors first (resolve_launch checks them again, cheaply)
     # rank 0 holds its HTTP port before anything is loaded: a port in use fails here, at once
-    sock = listen_socket(config.host, config.port) if config.node_rank == 0 else None
+    sock = bind_http_socket(config.host, config.port) if config.node_rank == 0 else None
     port = sock.getsockname()[1] if sock is not None else config.port  # --port=0: the one the system chose
 
     def serve(engine, startup_work) -> int:

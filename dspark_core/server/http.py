@@ -191,7 +191,7 @@ def _config(app, host: str, port: int, log_level: str, graceful_timeout: float |
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def bind_http_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` before any model is loaded; uvicorn listens on it later.
 
     ``serve`` holds the port from its first second, so a port in use is a one-line
@@ -221,14 +221,14 @@ def serve_http(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str
                sock: socket.socket | None = None) -> None:
     """Serve ``app`` until SIGINT/SIGTERM, then shut down gracefully and return.
 
-    With ``sock`` (from :func:`listen_socket`) uvicorn serves on that socket, and
+    With ``sock`` (from :func:`bind_http_socket`) uvicorn serves on that socket, and
     ``host``/``port`` only name it in logs.
     """
     server = _Server(_config(app, host, port, log_level, graceful_timeout, limits))
     try:
         server.run(sockets=None if sock is None else [sock])
-    except SystemExit:  # uvicorn exits the process when it cannot start; say why instead
-        server.started = False
+    except SystemExit:  # uvicorn exits the process when it cannot start (server.started stays False)
+        pass
     if not server.started:
         raise ConfigError(f"the HTTP server could not start on {host}:{port} (see the log above)")
 
