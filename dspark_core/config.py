@@ -66,6 +66,7 @@ class ServeConfig:
     num_speculative_tokens: int = flag(7, "Draft width K: tokens drafted per request per step. Adaptive DSpark supports 5 or 7.", group="speculative")
     draft_sampling_mode: str = flag("greedy", "How the draft picks its tokens. Adaptive DSpark requires `greedy`.", choices=["greedy", "sample"], group="speculative")
     enable_adaptive_speculative_decode: bool = flag(True, "Choose each step's verify budget from confidences and calibrated costs (false: always verify all K).", group="speculative")
+    copy_proposals: str = flag("auto", "Copy proposals (prompt lookup): where the request's last tokens occurred before in its prompt or output, the tokens that followed lead the draft's block. `auto`: as the draft's config says (the shipped SmolLM2 draft: on, 2 tokens); `on`: the draft's order or 2; `off`: the draft alone. Never changes greedy output, only how many tokens a step commits.", choices=["auto", "on", "off"], group="speculative")
     budget_policy: str = flag("auto", "Budget policy plugin (`auto`: adaptive, fixed or none from the flags above; any name `dspark-core plugins` lists).", group="speculative")
     budget_policy_options: str = flag("{}", "JSON object of options for the budget policy, e.g. `{\"k\": 3}` for fixed.", group="speculative")
     # --- graphs and scheduling ---

@@ -178,12 +178,16 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["settings"]["draft_width"] == 5
     assert audit["geometry"]["request_buckets"] == [1, 2]
     assert audit["max_model_len"] == 128
+    assert audit["copy_order"] == 0  # the tiny draft's config asks for no copies
     engine.close()
 
-    # reuse: warmup again, but no probing and no fit
-    engine2, table2, audits2 = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"))
+    # reuse: warmup again, but no probing and no fit; with copy proposals turned on, each bucket
+    # also prepares its propose+copy key
+    engine2, table2, audits2 = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}",
+                                                 "--copy_proposals=on"))
     work2 = engine2.work_counters()
-    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2
+    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2 + 2
+    assert audits2[0]["copy_order"] == 2
     assert table2 == table and engine2.table == table
     assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
     assert audits2[0]["coverage"]

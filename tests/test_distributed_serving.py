@@ -163,6 +163,18 @@ def test_fixed_width_two_ranks_match_single_rank_greedy(checkpoints, reference):
     assert got[1][1] == 0
 
 
+def test_copy_proposals_on_two_ranks_match_single_rank_greedy(checkpoints, reference):
+    """Both ranks look copies up in their own token history (identical, since both replay every
+    prefill and commit), so their proposals agree and the output stays exact."""
+    target, draft, _ = checkpoints
+    got = run_ranks(flags(target, draft, "--enable_adaptive_speculative_decode=false", "--copy_proposals=on"))
+    assert got[0][0] != "error" and got[1][0] != "error", got
+    tokens, stats = got[0][1]
+    assert tokens == reference and got[1][1] == 0
+    # the random draft alone is practically never accepted; copies of the repeating output are
+    assert sum(steps for _, steps in stats) < len(PROMPTS) * (MAX_TOKENS - 1)
+
+
 def test_rank_0_serves_http_and_both_ranks_exit_cleanly(checkpoints, reference):
     target, draft, _ = checkpoints
     got = run_ranks(flags(target, draft, "--enable_adaptive_speculative_decode=false"), mode="http")

@@ -99,13 +99,21 @@ def test_calibrate_confidence_on_heldout_features(trained, tmp_path):
     from dspark_core.commands.calibrate_confidence import calibrate
 
     out, _, target, _, held = trained
-    report = calibrate(out / "draft", target, out / "heldout-features.pt", output=tmp_path / "cal")
+    report = calibrate(out / "draft", target, out / "heldout-features.pt", output=tmp_path / "cal", copy_order=2)
     assert report["blocks"] > 0 and len(report["temperatures"]) == 4
-    assert load_draft(tmp_path / "cal").config.sts_temperatures == pytest.approx(tuple(report["temperatures"]), rel=1e-5)
-    assert load_draft(out / "draft").config.sts_temperatures is None  # the source stays as it was
-    # the same fit from the generations file (features recomputed by the target)
-    again = calibrate(out / "draft", target, held, output=tmp_path / "cal2")
+    calibrated = load_draft(tmp_path / "cal").config
+    assert calibrated.sts_temperatures == pytest.approx(tuple(report["temperatures"]), rel=1e-5)
+    assert calibrated.copy_order == 2 and list(calibrated.copy_confidences) == report["copies"]["confidences"]
+    assert report["copies"]["anchors"] > 0
+    source = load_draft(out / "draft").config
+    assert source.sts_temperatures is None and source.copy_order == 0  # the source stays as it was
+    # the same fit from the generations file (features recomputed by the target); the held-out
+    # answers are the target's greedy ones, so the copies see the same sequences
+    again = calibrate(out / "draft", target, held, output=tmp_path / "cal2", copy_order=2)
     assert again["temperatures"] == pytest.approx(report["temperatures"], rel=1e-3)
+    assert again["copies"] == report["copies"]
+    plain = calibrate(out / "draft", target, held, output=tmp_path / "cal3")
+    assert plain["copies"] is None and load_draft(tmp_path / "cal3").config.copy_order == 0
 
 
 def test_eval_figures_on_the_tiny_draft(trained):
@@ -124,3 +132,22 @@ def test_eval_figures_on_the_tiny_draft(trained):
     conf = report["confidence"]
     assert conf["blocks"] > 0 and len(conf["ece_before"]) == 4
     assert conf["ece_before"] == conf["ece_after"]  # an uncalibrated draft: temperatures are all 1
+
+
+def test_eval_with_copies_reports_the_blocks_as_proposed(trained):
+    from dspark_core.commands.eval_draft import evaluate
+    from dspark_core.train.data import read_generations
+
+    out, _, target, _, held = trained
+    draft = load_draft(out / "draft")
+    prompts = [p for p, _ in read_generations(held)]
+    plain = evaluate(target, draft, prompts, widths=(4,), max_tokens=24, batch=4, copy_proposals="off")
+    report = evaluate(target, draft, prompts, widths=(4,), max_tokens=24, batch=4, copy_proposals="on")
+    assert plain["copy_order"] == 0 and "confidence_with_copies" not in plain
+    assert report["copy_order"] == 2
+    copies = report["confidence_with_copies"]
+    assert len(copies["ece"]) == 4 and all(0 <= e <= 1 for e in copies["ece"])
+    # the engine's own blocks differ only where copies lead them; the draft-only figures stay
+    for key in ("blocks", "ece_after", "offline_acceptance_by_position"):
+        assert report["confidence"][key] == plain["confidence"][key]
+    assert copies["offline_acceptance_by_position"] != report["confidence"]["offline_acceptance_by_position"]

@@ -94,9 +94,12 @@ def step_model_cost(report: StepReport) -> float | None:
 
 
 def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int, max_tokens: int,
-             cell: CellRecord) -> None:
-    """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``."""
+             cell: CellRecord, copies: bool | None = None) -> None:
+    """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``.
+    ``copies`` True/False turns the engine's copy proposals on/off first (None: as they are)."""
     engine.set_policy(policy)
+    if copies is not None:
+        engine.set_copy_proposals(copies)
     cell.uses_draft = bool(getattr(policy, "uses_draft", True))
     params = SamplingParams(max_tokens=max_tokens)
     pending = list(indices)
@@ -158,7 +161,7 @@ WARMUP_TOKENS = 8
 def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], concurrencies: Sequence[int],
                   prompts_per_concurrency: Sequence[int], max_tokens: int, rounds: int,
                   progress: Callable[[str], None] | None = None,
-                  warmup: BudgetPolicy | None = None) -> list[CellRecord]:
+                  warmup: BudgetPolicy | None = None, copies: dict[str, bool] | None = None) -> list[CellRecord]:
     """Every policy at every concurrency, ``rounds`` times over the same prompts in rotated orders.
 
     With a ``warmup`` policy (a stateless one: the bench passes target-only), each concurrency
@@ -166,6 +169,8 @@ def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], conc
     new batch shape pays one-off costs (the allocator growing, large buffers touched for the
     first time: 0.6-0.7 s of a 4.7 s prefill of 16 MT-Bench prompts on the project's CPU) that
     would otherwise be billed to whichever policy runs first in round one.
+
+    With ``copies`` (label -> on/off), each cell first turns the engine's copy proposals on or off.
 
     Returns one pooled cell per (policy, concurrency); its ``rounds`` hold the cell of each round.
     """
@@ -181,7 +186,8 @@ def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], conc
         for r in range(rounds):
             for name in round_order(names, r, rounds):
                 cell = CellRecord(name, concurrency)
-                run_cell(engine, policies[name], prompts, indices, concurrency, max_tokens, cell)
+                run_cell(engine, policies[name], prompts, indices, concurrency, max_tokens, cell,
+                         None if copies is None else copies[name])
                 by_name[name].append(cell)
                 if progress is not None:
                     progress(f"c={concurrency} round {r + 1}/{rounds} {name}")

@@ -113,7 +113,9 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
     extra: dict[str, Any] = {"cost_model": table.model, "graph_backend": engine.runner.graphs.name
                              if engine.runner.graphs is not None else "disabled",
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
-                             "max_model_len": engine.max_model_len}
+                             "max_model_len": engine.max_model_len,
+                             # 0: the draft proposes alone; n: copies of the last n tokens lead its blocks
+                             "copy_order": engine.runner.copy_order}
     if source == "saved table":
         extra["table_path"] = launch.config.adaptive_dspark_cost_table
         extra["saved_settings"] = unstructure(table.settings) if table.settings is not None else None

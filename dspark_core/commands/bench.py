@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import time
@@ -28,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy_variants", default="{}",
                         help='JSON object of extra, labelled policies with options, run beside --policies: '
                              '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]} (in-process mode).')
+    parser.add_argument("--copy_proposals", default="auto", choices=["auto", "on", "off", "both"],
+                        help="Copy proposals, as serve's flag (auto: as the draft's config says); `both` runs every "
+                             "drafting policy twice, with copies and without (labelled NAME-nocopy), in one run "
+                             "(in-process mode).")
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
     parser.add_argument("--concurrency", type=positive_ints, default=[1, 4, 16], help="Concurrency sweep.")
     parser.add_argument("--prompts_per_concurrency", type=positive_ints, default=[2, 4, 16],
@@ -70,6 +75,8 @@ def _engine(args: argparse.Namespace):
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
              f"--cpu_threads={getattr(args, 'cpu_threads', 1)}"]
+    copies = getattr(args, "copy_proposals", "auto")
+    flags.append(f"--copy_proposals={'on' if copies == 'both' else copies}")
     largest = getattr(args, "max_seqs_per_batch", 16)  # the captured request buckets end there too
     flags += [f"--max_seqs_per_batch={largest}", f"--acl_graph_decode_batch_size_limit={largest}"]
     calibration = args.calibration or "demo"  # resolved from the package, whatever the working directory
@@ -126,6 +133,20 @@ def _policies(hooks, names: list[str], width: int, variants: dict[str, tuple[str
     return policies
 
 
+def with_and_without_copies(policies: dict[str, object]) -> dict[str, bool]:
+    """Add a ``NAME-nocopy`` twin (its own copy of the policy) after every drafting policy, in place;
+    returns whether each label proposes with copies."""
+    copies: dict[str, bool] = {}
+    for name, policy in list(policies.items()):
+        copies[name] = bool(getattr(policy, "uses_draft", True))
+        if copies[name]:
+            twin = f"{name}-nocopy"
+            if twin in policies:
+                raise ConfigError(f"--copy_proposals=both: label {twin!r} is already a policy of this run")
+            policies[twin], copies[twin] = copy.deepcopy(policy), False
+    return copies
+
+
 def _prompts(path: str | None) -> list:
     from dspark_core.train.data import mtbench_first_turns
 
@@ -156,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
 
         if parse_variants(args.policy_variants):
             raise ConfigError("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
+        if args.copy_proposals != "auto":
+            raise ConfigError("--copy_proposals needs the in-process engine; a server proposes as it was launched (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
         from dspark_core.plugins import default_hooks
@@ -165,11 +188,12 @@ def run(args: argparse.Namespace) -> int:
         _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
         engine = _engine(args)
         policies = _policies(engine.hooks, names, width, variants)
+        copies = with_and_without_copies(policies) if args.copy_proposals == "both" else None
         total = len(policies) * args.rounds * len(args.concurrency)
         bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
         cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
                               args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
-                              warmup=engine.hooks.budget_policy("none", {}))
+                              warmup=engine.hooks.budget_policy("none", {}), copies=copies)
         bar.close()
         engine.close()
         priced_by = engine.table

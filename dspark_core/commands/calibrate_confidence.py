@@ -6,7 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark_core.engine.copies import DEFAULT_COPY_ORDER
 from dspark_core.errors import ModelError
+from dspark_core.models.draft_config import MAX_COPY_ORDER
 from dspark_core.train.runtime import add_device_arguments
 
 NAME = "calibrate-confidence"
@@ -23,16 +25,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--copy_order", type=int, choices=range(0, MAX_COPY_ORDER + 1), default=DEFAULT_COPY_ORDER, metavar="N",
+      help="Also fit the confidences of copy proposals over the last N tokens (their acceptance per position, "
+           f"teacher forced on the same data) and turn them on in the config; 0 leaves the config's copy settings "
+           f"as they are. Default: {DEFAULT_COPY_ORDER}.")
+    a("--copies_only", action="store_true", help="Fit only the copy confidences (no target pass on a generations "
+                                                 "file); the temperatures stay as they are.")
     add_device_arguments(parser)
     a("--threads", type=int, default=1, help="Torch CPU threads. Default: 1.")
     a("--tiny", action="store_true", help="Use the random tiny target of train-draft --tiny (for smoke runs).")
     a("--json", action="store_true", help="Print one JSON object.")
 
 
-def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15, offset: bool = False) -> dict:
-    """Fit, write and report (ECE per position before/after)."""
+def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15, offset: bool = False,
+              copy_order: int = 0) -> dict:
+    """Fit, write and report (ECE per position before/after; with ``copy_order``, the copies' acceptance)."""
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.train import sts
+    from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
     from dspark_core.train.data import read_generations
     from dspark_core.train.evaluate import block_confidences, confidences_from_features
     from dspark_core.train.features import FeatureSet
@@ -43,8 +53,10 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
 
         feats = FeatureSet(**torch.load(heldout, weights_only=True))
         logits, hits = confidences_from_features(draft.bind_target(target), feats)
+        pairs = greedy_sequences(feats)
     else:
-        logits, hits = block_confidences(draft, target, read_generations(heldout))
+        pairs = read_generations(heldout)
+        logits, hits = block_confidences(draft, target, pairs)
     if len(logits) == 0:
         raise ModelError(f"{heldout}: no complete blocks to calibrate on")
     ones = [1.0] * logits.shape[1]
@@ -55,9 +67,44 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     written = sts.write_temperatures(draft_dir, temps, output=output)
     if shift:
         sts.add_confidence_offset(written, shift)
+    copies = None
+    if copy_order:
+        copies = copy_acceptance(pairs, copy_order, draft.config.num_speculative_tokens)
+        write_copy_settings(written, copy_order, copies["confidences"])
     return {"draft": str(written), "heldout": str(heldout), "blocks": len(logits), "temperatures": temps,
             "offset": shift, "ece_before": sts.survival_ece(logits, hits, ones, bins),
-            "ece_after": sts.survival_ece(logits + shift, hits, temps, bins)}
+            "ece_after": sts.survival_ece(logits + shift, hits, temps, bins), "copies": copies}
+
+
+def calibrate_copies(draft_dir: Path, heldout: Path, order: int, *, output: Path | None = None) -> dict:
+    """Fit and write the copy confidences alone, from greedy generations or a features file."""
+    from dspark_core.models.speculators_io import read_draft_config
+    from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
+    from dspark_core.train.data import read_generations
+    from dspark_core.train.sts import checkpoint_to_update
+
+    if order < 1:
+        raise ModelError("--copies_only needs --copy_order >= 1")
+    width = read_draft_config(draft_dir).num_speculative_tokens
+    if heldout.suffix == ".pt":
+        import torch
+
+        from dspark_core.train.features import FeatureSet
+
+        pairs = greedy_sequences(FeatureSet(**torch.load(heldout, weights_only=True)))
+    else:
+        pairs = read_generations(heldout)
+    copies = copy_acceptance(pairs, order, width)
+    if copies["anchors"] == 0:
+        raise ModelError(f"{heldout}: no answer tokens to measure copies on")
+    written = checkpoint_to_update(draft_dir, output)
+    write_copy_settings(written, order, copies["confidences"])
+    return {"draft": str(written), "heldout": str(heldout), "copies": copies}
+
+
+def _print_copies(copies: dict) -> None:
+    print(f"copies (last {copies['order']} tokens) at {copies['copied']} of {copies['anchors']} anchors; "
+          "acceptance per position: " + ", ".join(f"{c:.3f}" for c in copies["confidences"]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +116,14 @@ def run(args: argparse.Namespace) -> int:
     heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"
     if not heldout.is_file():
         raise ModelError(f"held-out file {heldout} not found (pass --heldout=FILE)")
+    if args.copies_only:
+        report = calibrate_copies(draft_dir, heldout, args.copy_order, output=Path(args.output) if args.output else None)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(f"wrote copy settings to {report['draft']}")
+            _print_copies(report["copies"])
+        return 0
     if args.tiny:
         from dspark_core.train.pipeline import tiny_target
 
@@ -78,11 +133,13 @@ def run(args: argparse.Namespace) -> int:
 
         target = load_target(args.target, device=device, dtype=dtype)
     report = calibrate(draft_dir, target, heldout, output=Path(args.output) if args.output else None,
-                       bins=args.bins, offset=args.offset)
+                       bins=args.bins, offset=args.offset, copy_order=args.copy_order)
     if args.json:
         print(json.dumps(report))
     else:
         print(f"calibrated {report['draft']} on {report['blocks']} held-out blocks (logit offset {report['offset']:+.2f})")
         for j, (t, b, a) in enumerate(zip(report["temperatures"], report["ece_before"], report["ece_after"]), 1):
             print(f"  position {j}: T={t:.3f}  survival ECE {100 * b:.2f}% -> {100 * a:.2f}%")
+        if report["copies"]:
+            _print_copies(report["copies"])
     return 0

@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max_tokens", type=int, default=128, help="Greedy tokens per prompt. Default: 128.")
     a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--copy_proposals", choices=["auto", "on", "off"], default="auto",
+      help="Copy proposals in the engine, as serve's flag (auto: as the draft's config says). Default: auto.")
     add_device_arguments(parser)
     a("--draft_dtype", choices=["same", *DTYPES], default="same",
       help="Draft dtype (`same`: --dtype). `serve` on a CPU with native bfloat16 drafts in bfloat16. Default: same.")
@@ -45,10 +47,14 @@ def read_eval_prompts(path: Path) -> list:
     return read_prompts_jsonl(path)
 
 
-def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16, bins=15) -> dict:
-    """All figures of the report (see docs/draft-training.md for definitions)."""
+def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16, bins=15,
+             copy_proposals: str = "auto") -> dict:
+    """All figures of the report (see docs/draft-training.md for definitions); the engine proposes
+    with copies as ``copy_proposals`` says, and with copies on the confidence figures are also
+    given for the blocks as proposed (copied tokens with their confidences)."""
     import numpy as np
 
+    from dspark_core.engine.copies import copy_settings
     from dspark_core.train import sts
     from dspark_core.train.data import chat_ids
     from dspark_core.train.evaluate import block_confidences, engine_acceptance
@@ -59,7 +65,8 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
     outputs = None
     for k in widths:
         started = time.perf_counter()
-        r = engine_acceptance(target, draft, ids, width=k, max_tokens=max_tokens, buckets=buckets)
+        r = engine_acceptance(target, draft, ids, width=k, max_tokens=max_tokens, buckets=buckets,
+                              copy_proposals=copy_proposals)
         outputs = r.pop("outputs")
         r["seconds"] = round(time.perf_counter() - started, 1)
         report["widths"][str(k)] = r
@@ -80,7 +87,27 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
                 "roc_auc_by_position": per_auc,
                 "mean_hit_rate": float(np.mean(hits)),
             }
+            order, copy_confidences = copy_settings(draft, copy_proposals, k_out)
+            report["copy_order"] = order
+            if order:
+                report["confidence_with_copies"] = copy_figures(pairs, logits, hits, temps, order, copy_confidences, bins)
     return report
+
+
+def copy_figures(pairs, logits, hits, temperatures, order, copy_confidences, bins) -> dict:
+    """Survival ECE and ROC-AUC of the blocks as the engine proposes them with copies."""
+    import numpy as np
+
+    from dspark_core.train import sts
+    from dspark_core.train.copies import with_copies
+
+    confidences, combined = with_copies(pairs, logits, hits, temperatures, order, copy_confidences)
+    predicted, survived = np.cumprod(confidences, axis=1), sts.survival(combined)
+    auc, per_auc = sts.reached_auc(confidences, combined)  # rank-based: probabilities serve as scores
+    return {"copy_confidences": list(copy_confidences),
+            "offline_acceptance_by_position": survived.mean(0).tolist(),
+            "ece": [sts.ece(predicted[:, j], survived[:, j], bins) for j in range(confidences.shape[1])],
+            "roc_auc": auc, "roc_auc_by_position": per_auc}
 
 
 def _clean(value):
@@ -105,6 +132,10 @@ def _print(report: dict) -> None:
         print(f"confidence ({c['blocks']} blocks): ROC-AUC {c['roc_auc']:.3f}")
         print("   survival ECE before STS: " + " ".join(f"{100 * x:.2f}%" for x in c["ece_before"]))
         print("   survival ECE after STS:  " + " ".join(f"{100 * x:.2f}%" for x in c["ece_after"]))
+    c = report.get("confidence_with_copies")
+    if c:
+        print(f"with copies (last {report['copy_order']} tokens): ROC-AUC {c['roc_auc']:.3f}")
+        print("   survival ECE:            " + " ".join(f"{100 * x:.2f}%" for x in c["ece"]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = read_eval_prompts(Path(args.prompts)) if args.prompts else mtbench_first_turns()
     if args.limit > 0:
         prompts = prompts[: args.limit]
-    report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins)
+    report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins,
+                      copy_proposals=args.copy_proposals)
     report["draft"] = str(draft_dir)
     report["device"], report["dtype"] = str(device), args.dtype
     report["draft_dtype"] = str(draft_dtype).removeprefix("torch.")

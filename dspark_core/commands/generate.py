@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None,
                         help="Budget policy (adaptive, fixed, none, or a plugin's). Default: fixed with a draft, none without.")
     parser.add_argument("--policy_options", default="{}", help='JSON options for the policy, e.g. \'{"k": 3}\'.')
+    parser.add_argument("--copy_proposals", choices=["auto", "on", "off"], default="auto",
+                        help="Copy proposals, as serve's flag (auto: as the draft's config says).")
     parser.add_argument("--cost_table", default=None, help="Cost table for the adaptive policy (without one it verifies full width).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="Prompt text.")
@@ -66,7 +68,7 @@ def build_engine(args: argparse.Namespace):
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--policy_options: not valid JSON ({exc.msg})") from None
     config = EngineConfig(draft_width=args.num_speculative_tokens, policy=policy, policy_options=options,
-                          request_buckets=default_request_buckets(args.max_batch))
+                          request_buckets=default_request_buckets(args.max_batch), copy_proposals=args.copy_proposals)
     engine = Engine(target, draft, config, hooks=hooks)
     if args.cost_table:
         engine.install_table(load_table(args.cost_table, hooks.cost_model))

@@ -49,7 +49,8 @@ class Engine:
         # the model's own context limit caps the configured length
         self.max_model_len = min(config.max_model_len, target.config.max_position)
         self.runner = ModelRunner(target, draft if self.policy.uses_draft else None, draft_width=config.draft_width,
-                                  num_slots=num_slots, max_len=self.max_model_len, graphs=graphs)
+                                  num_slots=num_slots, max_len=self.max_model_len, graphs=graphs,
+                                  copy_proposals=config.copy_proposals)
         self.storage = self.runner.storage
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)
@@ -128,6 +129,11 @@ class Engine:
             raise ConfigError(f"budget policy {getattr(policy, 'name', policy)!r} needs a draft model; "
                               "this engine was built without one")
         self.policy = policy
+
+    def set_copy_proposals(self, on: bool) -> None:
+        """Turn copy proposals off or back on for the following proposals (an engine built with them;
+        a single-rank engine: the ranks of a service must propose alike, so there the flag decides)."""
+        self.runner.set_copies(on)
 
     @contextmanager
     def use_policy(self, policy: BudgetPolicy) -> Iterator[None]:

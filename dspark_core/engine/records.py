@@ -25,6 +25,7 @@ class EngineConfig:
     max_model_len: int = 2048
     max_prefill_tokens: int = 8192
     schedule_overlap: bool = False  # launch step t+1 before step t's results are back
+    copy_proposals: str = "auto"  # auto (as the draft's config says), on or off (dspark_core.engine.copies)
 
 
 @frozen

@@ -13,6 +13,7 @@ from functools import partial
 import torch
 
 from dspark_core.device import host_to_device
+from dspark_core.engine.copies import copy_settings
 from dspark_core.engine.draft_context import DraftContextQueue
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.errors import ConfigError, ModelError
@@ -38,7 +39,7 @@ class ModelRunner:
     storage (anchors, committed tokens) that a step reads and commits to on the device."""
 
     def __init__(self, target: TargetModel, draft: DraftModel | None, *, draft_width: int, num_slots: int,
-                 max_len: int, graphs: GraphBackend | None = None) -> None:
+                 max_len: int, graphs: GraphBackend | None = None, copy_proposals: str = "auto") -> None:
         self.target = target
         self.graphs = graphs
         self.draft = draft
@@ -69,6 +70,10 @@ class ModelRunner:
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
             self.draft_context = DraftContextQueue(draft, num_slots=num_slots, max_len=max_len,
                                                    scratch_slot=self.scratch_slot, max_rows=PENDING_CONTEXT_ROWS)
+        self.copy_order, copy_confidences = copy_settings(draft, copy_proposals, draft_width)
+        self.copy_confidences = torch.tensor(copy_confidences, dtype=torch.float32, device=self.device)
+        # whether proposals copy (a launch with copies can turn them off and on: a bench compares both)
+        self.copies_on = self.copy_order > 0
 
     def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
         """Target forward that also returns the draft's hidden states when a draft exists."""
@@ -117,6 +122,7 @@ class ModelRunner:
         last_rows = as_long(offsets[1:]) - 1
         out = self.forward(batch, logit_rows=last_rows)
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
+        self.storage.write_prompts(batch.tokens, batch.positions, as_long(row_slots))
         return out.logits.argmax(dim=-1)
 
     # -- the draft proposal, through the graph backend ----------------------------
@@ -131,7 +137,7 @@ class ModelRunner:
         """
         if self.graphs is None or request_bucket is None:
             self.flush_draft_context()
-            return self._propose_fn(slots)
+            return self._propose_fn(slots, copies=self.copies_on)
         n = slots.shape[0]
         tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket)
         return tokens[:n], confidences[:n]
@@ -141,7 +147,7 @@ class ModelRunner:
         key's whole outputs, one row per bucket entry (rows of the scratch slot are meaningless)."""
         self.flush_draft_context()
         assert self.graphs is not None, "propose_bucket runs the proposal key of a graph backend"
-        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket), {"slot_ids": bucket_slots})
+        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket, self.copies_on), {"slot_ids": bucket_slots})
         return tokens, confidences
 
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
@@ -151,26 +157,47 @@ class ModelRunner:
         self.flush_draft_context()
         return self._draft_block(anchors, positions, slots)
 
-    def proposal_key(self, request_bucket: int) -> BindingKey:
+    def set_copies(self, on: bool) -> None:
+        """Turn copy proposals on or off (on needs a launch with copies: their keys are prepared)."""
+        if on and not self.copy_order:
+            raise ConfigError("copy proposals cannot be turned on: this engine was built without them "
+                              "(copy_proposals=off, or auto with a draft whose config sets no copy_order)")
+        self.copies_on = on
+
+    def proposal_key(self, request_bucket: int, copies: bool = False) -> BindingKey:
         weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
         dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
-        return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device), stage="propose")
+        return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device),
+                          stage="propose+copy" if copies else "propose")
 
-    def _propose_fn(self, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The proposal key: anchors from slot storage, the draft's block, the record in slot storage.
-        Empty bucket entries (the scratch slot) draft token 0 at position 0: no context visible, the
-        block is computed and dropped."""
+    def _propose_fn(self, slot_ids: torch.Tensor, *, copies: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposal key: anchors from slot storage, the draft's block (led by copied tokens with
+        ``copies``), the record in slot storage. Empty bucket entries (the scratch slot) draft token 0
+        at position 0 and copy nothing: no context visible, the block is computed and dropped."""
         anchors, positions = self.storage.anchors(slot_ids)
         live = slot_ids != self.scratch_slot
-        tokens, confidences = self._draft_block(torch.where(live, anchors, 0), torch.where(live, positions, 0), slot_ids)
+        anchors, positions = torch.where(live, anchors, 0), torch.where(live, positions, 0)
+        if copies:
+            copied, copy_lengths = self.storage.copies(slot_ids, self.copy_order)
+            tokens, confidences = self._draft_block(anchors, positions, slot_ids, copied, torch.where(live, copy_lengths, 0))
+        else:
+            tokens, confidences = self._draft_block(anchors, positions, slot_ids)
         self.storage.record_proposal(slot_ids, tokens, confidences)
         return tokens, confidences
 
-    def _draft_block(self, anchors: torch.Tensor, positions: torch.Tensor,
-                     slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_block(self, anchors: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
+                     copied: torch.Tensor | None = None, copy_lengths: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft's block; with ``copied`` tokens, request b's block starts with the first
+        ``copy_lengths[b]`` of them, each with the draft's copy confidence for its position."""
         assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
-        tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
-        return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
+        if copied is None or copy_lengths is None:
+            tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
+            return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
+        tokens, confidences = self.draft.propose(anchors, positions, slot_ids, prefix=copied, prefix_lengths=copy_lengths)
+        tokens, confidences = tokens[:, : self.draft_width], confidences[:, : self.draft_width]
+        is_copy = torch.arange(self.draft_width, device=tokens.device).unsqueeze(0) < copy_lengths.unsqueeze(1)
+        return torch.where(is_copy, copied, tokens), torch.where(is_copy, self.copy_confidences, confidences.float())
 
     # -- verify, accept and commit, through the graph backend -----------------------
     def binding_key(self, request_bucket: int, target_rows: int, write_context: bool = False) -> BindingKey:
@@ -295,8 +322,9 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
         for bucket in geometry.request_buckets:
             if self.draft is not None:
-                self.graphs.prepare(self.proposal_key(bucket), self._propose_fn,
-                                    {"slot_ids": as_long([self.scratch_slot] * bucket)})
+                for copies in (False, True) if self.copy_order else (False,):
+                    self.graphs.prepare(self.proposal_key(bucket, copies), partial(self._propose_fn, copies=copies),
+                                        {"slot_ids": as_long([self.scratch_slot] * bucket)})
             no_requests = torch.zeros(0, self.draft_width, device=self.device)
             example = self.verify_inputs(no_requests.long(), as_long([]), no_requests, as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):

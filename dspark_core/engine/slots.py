@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from dspark_kernels.accept_commit import Acceptance, commit_tokens
+from dspark_kernels.copy_lookup import copy_lookup
 
 
 class SlotStorage:
@@ -27,6 +28,9 @@ class SlotStorage:
         self.seq_len = torch.zeros(total, dtype=torch.int64, device=device)  # committed tokens incl. prompt
         self.output_tokens = torch.zeros(total, max_output, dtype=torch.int64, device=device)
         self.output_lengths = torch.zeros(total, dtype=torch.int64, device=device)
+        # every committed token by position, prompt included (copy proposals look things up in it);
+        # K + 1 spare columns take a commit's cells past the committed ones without folding
+        self.history = torch.zeros(total, max_output + draft_width + 1, dtype=torch.int64, device=device)
         self._free = list(range(num_slots - 1, -1, -1))
 
     def acquire(self) -> int:
@@ -42,8 +46,13 @@ class SlotStorage:
     def free_slots(self) -> int:
         return len(self._free)
 
+    def write_prompts(self, tokens: torch.Tensor, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
+        """Record prompt tokens in the history (one entry per prefilled row)."""
+        self.history[row_slots, positions] = tokens
+
     def start(self, slots: torch.Tensor, prompt_lengths: torch.Tensor, first_tokens: torch.Tensor) -> None:
         """Initialise slots after prefill: the first generated token becomes the anchor."""
+        self.history[slots, prompt_lengths] = first_tokens
         self.seq_len[slots] = prompt_lengths + 1
         self.last_token[slots] = first_tokens
         self.output_lengths[slots] = 1
@@ -52,6 +61,10 @@ class SlotStorage:
     def anchors(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Anchor token and its position for each slot."""
         return self.last_token[slots], self.seq_len[slots] - 1
+
+    def copies(self, slots: torch.Tensor, order: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy proposals of these slots from their history (see :mod:`dspark_kernels.copy_lookup`)."""
+        return copy_lookup(self.history, slots, self.seq_len, order, self.draft_width)
 
     def record_proposal(self, slots: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor) -> None:
         self.draft_tokens[slots] = tokens
@@ -65,4 +78,4 @@ class SlotStorage:
         """
         commit_tokens(self.output_tokens, self.output_lengths, slots, acceptance)
         self.last_token[slots] = acceptance.committed.gather(1, acceptance.accepted.unsqueeze(1)).squeeze(1)
-        self.seq_len[slots] += acceptance.accepted + 1
+        commit_tokens(self.history, self.seq_len, slots, acceptance)  # advances seq_len by accepted + 1

@@ -155,7 +155,11 @@ class DraftModel(Protocol):
 
     def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
                 slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A block of drafted tokens and their confidences per request."""
+        """A block of drafted tokens and their confidences per request.
+
+        A draft whose config sets ``copy_order`` > 0 also takes ``prefix`` and ``prefix_lengths``
+        keywords: tokens copied from the request's text, to start its block with (see
+        :meth:`dspark_core.models.dspark_draft.DSparkDraft.propose`)."""
         ...
 
 

@@ -8,6 +8,7 @@ from dspark_core.convert import int_tuple
 from dspark_core.errors import ModelError
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+MAX_COPY_ORDER = 8
 
 
 @frozen
@@ -19,6 +20,10 @@ class DraftConfig:
     they are passed unchanged as ``hidden_layers`` to the target's forward.
     ``sts_temperatures`` holds one temperature per proposed position; the
     confidence of position j is ``sigmoid(logit_j / T_j)`` (all 1.0 = raw head).
+    ``copy_order`` > 0 puts copy proposals (prompt lookup over the last that
+    many tokens) in front of the draft's block; ``copy_confidences`` holds the
+    chance that copied token j is accepted once tokens 1..j-1 were, one value
+    per proposed position.
     """
 
     hidden_size: int
@@ -43,6 +48,8 @@ class DraftConfig:
     confidence_head_with_markov: bool = True
     sample_from_anchor: bool = True
     sts_temperatures: tuple[float, ...] | None = field(default=None, converter=lambda v: None if v is None else tuple(float(x) for x in v))
+    copy_order: int = 0
+    copy_confidences: tuple[float, ...] | None = field(default=None, converter=lambda v: None if v is None else tuple(float(x) for x in v))
 
     def __attrs_post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -72,6 +79,13 @@ class DraftConfig:
                 bad(f"sts_temperatures has {len(self.sts_temperatures)} entries, expected {self.num_speculative_tokens} (one per proposed token)")
             if any(t <= 0 for t in self.sts_temperatures):
                 bad("sts_temperatures must all be > 0")
+        if not 0 <= self.copy_order <= MAX_COPY_ORDER:
+            bad(f"copy_order must be 0 (no copies) .. {MAX_COPY_ORDER}, got {self.copy_order}")
+        if self.copy_confidences is not None:
+            if len(self.copy_confidences) != self.num_speculative_tokens:
+                bad(f"copy_confidences has {len(self.copy_confidences)} entries, expected {self.num_speculative_tokens} (one per proposed token)")
+            if any(not 0 < c <= 1 for c in self.copy_confidences):
+                bad(f"copy_confidences must lie in (0, 1], got {list(self.copy_confidences)}")
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -81,6 +81,8 @@ def config_from_speculators(cfg: dict[str, Any], path: Path) -> DraftConfig:
             confidence_head_with_markov=bool(cfg.get("confidence_head_with_markov", True)),
             sample_from_anchor=_sample_from_anchor(cfg, block),
             sts_temperatures=extras.get("sts_temperatures"),
+            copy_order=int(extras.get("copy_order", 0)),
+            copy_confidences=extras.get("copy_confidences"),
         )
     except (TypeError, ValueError) as exc:
         raise ModelError(f"{path}: bad value in config ({exc})") from None
@@ -114,8 +116,15 @@ def config_to_speculators(c: DraftConfig, verifier: str | None = None) -> dict[s
             "verifier": {"name_or_path": verifier},
         },
     }
+    extras: dict[str, Any] = {}
     if c.sts_temperatures is not None:
-        data[PROJECT_KEY] = {"sts_temperatures": list(c.sts_temperatures)}
+        extras["sts_temperatures"] = list(c.sts_temperatures)
+    if c.copy_order:
+        extras["copy_order"] = c.copy_order
+    if c.copy_confidences is not None:
+        extras["copy_confidences"] = list(c.copy_confidences)
+    if extras:
+        data[PROJECT_KEY] = extras
     return data
 
 

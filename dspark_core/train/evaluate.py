@@ -24,14 +24,15 @@ from dspark_core.train.losses import answer_span
 
 
 def engine_acceptance(target, draft, prompt_ids: list[list[int]], *, width: int, max_tokens: int,
-                      buckets=(1, 2, 4, 8, 16)) -> dict:
-    """Greedy speculative decoding of all prompts at full width ``width``; returns figures and outputs."""
+                      buckets=(1, 2, 4, 8, 16), copy_proposals: str = "auto") -> dict:
+    """Greedy speculative decoding of all prompts at full width ``width``; returns figures and outputs.
+    ``copy_proposals``: auto (as the draft's config says), on or off."""
     from dspark_core.engine.engine import Engine, EngineConfig
     from dspark_core.engine.request import SamplingParams
 
     longest = max(len(p) for p in prompt_ids)
     cfg = EngineConfig(draft_width=width, policy="fixed", request_buckets=tuple(buckets),
-                       max_model_len=longest + max_tokens + kv_reserve(width) + 8)
+                       max_model_len=longest + max_tokens + kv_reserve(width) + 8, copy_proposals=copy_proposals)
     engine = Engine(target, draft, cfg)
     verified_at = np.zeros(width)
     survived_at = np.zeros(width)

@@ -144,10 +144,22 @@ def write_temperatures(directory, temperatures, *, output=None):
     With ``output`` the checkpoint is copied there first and the copy is updated.
     """
     import json
-    import shutil
-    from pathlib import Path
 
     from dspark_core.models.speculators_io import PROJECT_KEY
+
+    dst = checkpoint_to_update(directory, output)
+    cfg_path = dst / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg.setdefault(PROJECT_KEY, {})["sts_temperatures"] = [round(float(t), 6) for t in temperatures]
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    return dst
+
+
+def checkpoint_to_update(directory, output=None):
+    """The draft directory a calibration writes into: ``directory`` itself, or ``output`` after the
+    checkpoint's files are copied there."""
+    import shutil
+    from pathlib import Path
 
     src = Path(directory)
     dst = Path(output) if output is not None else src
@@ -156,8 +168,4 @@ def write_temperatures(directory, temperatures, *, output=None):
         for f in src.iterdir():
             if f.is_file():
                 shutil.copy2(f, dst / f.name)
-    cfg_path = dst / "config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg.setdefault(PROJECT_KEY, {})["sts_temperatures"] = [round(float(t), 6) for t in temperatures]
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return dst

@@ -1,0 +1,253 @@
+"""Copy proposals (prompt lookup in front of the draft's block): the lookup kernel against a loop
+reference, the token history it reads, exactness for every policy, captured equal to eager, and
+the settings (draft config, flags, the runtime switch).
+
+The tiny random target's greedy output soon repeats itself, so copies are found and accepted
+here while the random draft's own tokens almost never are: the steps a run saves show that
+copies ran."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capture_support import StandInCapturedBackend, host_reads
+from dspark_core.engine.copies import DEFAULT_COPY_CONFIDENCE, DEFAULT_COPY_ORDER, copy_settings
+from dspark_core.engine.engine import Engine, EngineConfig
+from dspark_core.engine.request import SamplingParams
+from dspark_core.errors import ConfigError, ModelError
+from dspark_core.graphs import static_shapes
+from dspark_core.models.draft_config import DraftConfig
+from dspark_core.models.random_models import random_draft, random_target, tiny_target_config
+from dspark_core.models.speculators_io import config_from_speculators, config_to_speculators
+from dspark_kernels.copy_lookup import copy_lookup, copy_lookup_reference
+from engine_support import greedy_references, random_prompts, synthetic_table
+
+MAX_TOKENS = 40
+BUCKETS = (1, 2, 4, 8, 16)
+CFG = tiny_target_config(max_position=256)
+
+
+# -- the kernel ------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=30), min_size=1, max_size=5),
+       st.integers(1, 3), st.sampled_from([5, 7]))
+def test_lookup_kernel_equals_the_loop_reference(sequences, order, width):
+    """A small vocabulary makes repeats (and several earlier occurrences) common."""
+    columns = 34
+    history = torch.full((len(sequences) + 1, columns), 9, dtype=torch.int64)  # 9: never a written token
+    for slot, tokens in enumerate(sequences):
+        history[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+    seq_len = torch.tensor([len(t) for t in sequences] + [0])
+    slots = torch.arange(len(sequences)).flip(0)  # any order of slots
+    tokens, counts = copy_lookup(history, slots, seq_len, order, width)
+    for row, slot in enumerate(slots.tolist()):
+        want = copy_lookup_reference(sequences[slot], order, width)
+        assert counts[row].item() == len(want)
+        assert tokens[row, : len(want)].tolist() == want
+        assert not tokens[row, len(want):].any()
+
+
+def test_lookup_takes_the_latest_occurrence_and_never_reads_past_the_anchor():
+    #         0  1  2  3  4  5  6  7  8  9
+    tokens = [1, 2, 7, 1, 2, 8, 9, 4, 1, 2]  # key (1, 2) ends at 1 and 4 (and at 9, the anchor)
+    history = torch.tensor([tokens + [5] * 6])
+    copied, count = copy_lookup(history, torch.tensor([0]), torch.tensor([10]), 2, 7)
+    assert count.tolist() == [5] and copied[0, :5].tolist() == [8, 9, 4, 1, 2]  # from 4 on, stops at the anchor
+    assert copy_lookup_reference(tokens, 2, 7) == [8, 9, 4, 1, 2]
+    _, none = copy_lookup(history, torch.tensor([0]), torch.tensor([3]), 2, 7)  # [1, 2, 7]: no earlier (2, 7)
+    assert none.tolist() == [0]
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models():
+    target = random_target(CFG, seed=11, dtype=torch.float64)
+    draft = random_draft(CFG, seed=11, block_size=7).to(torch.float64)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(12, seed=4)
+
+
+@pytest.fixture(scope="module")
+def references(models, prompts):
+    return greedy_references(models[0], prompts, MAX_TOKENS)
+
+
+def run(target, draft, prompts, policy, options=None, *, copies="on", batch=16, overlap=False, graphs=None,
+        width=7):
+    config = EngineConfig(draft_width=width, policy=policy, policy_options=options or {},
+                          request_buckets=tuple(b for b in BUCKETS if b <= batch), max_model_len=160,
+                          schedule_overlap=overlap, copy_proposals=copies)
+    engine = Engine(target, draft, config, graphs=graphs)
+    engine.install_table(synthetic_table(width, engine.geometry.request_buckets))
+    if graphs is not None:
+        engine.warmup()
+        engine.mark_ready()
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.close()
+    return engine, outputs
+
+
+POLICIES = [("none", {}), ("adaptive", {})] + [("fixed", {"k": k}) for k in (0, 1, 3, 7)]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("policy,options", POLICIES, ids=str)
+def test_every_policy_is_exact_with_copies(models, prompts, references, policy, options, batch, overlap):
+    target, draft = models
+    engine, outputs = run(target, draft, prompts, policy, options, batch=batch, overlap=overlap)
+    assert [list(o.token_ids) for o in outputs] == references
+    if policy != "none" and options.get("k", 1) > 0:
+        # the random draft alone is almost never accepted; copies of the repeating output are
+        assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.3
+
+
+def test_copies_save_steps_and_off_means_the_draft_alone(models, prompts, references):
+    target, draft = models
+    with_copies, out_on = run(target, draft, prompts, "fixed", {"k": 7}, copies="on")
+    without, out_off = run(target, draft, prompts, "fixed", {"k": 7}, copies="off")
+    assert [list(o.token_ids) for o in out_on] == [list(o.token_ids) for o in out_off] == references
+    assert with_copies.runner.copy_order == DEFAULT_COPY_ORDER and without.runner.copy_order == 0
+    assert with_copies.counters.steps < 0.8 * without.counters.steps
+
+
+def test_history_holds_prompt_and_committed_tokens(models, prompts):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4, 8, 16),
+                                                max_model_len=160, copy_proposals="on"))
+    requests = [engine.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True)) for p in prompts]
+    engine.step()
+    slots = {id(r): r.slot for r in requests}
+    assert sorted(slots.values()) == list(range(len(prompts)))
+    while engine.has_work:
+        engine.step()
+    storage = engine.storage
+    for request, prompt in zip(requests, prompts):
+        slot, tokens = slots[id(request)], prompt + list(request.output)
+        assert storage.history[slot, : len(tokens)].tolist() == tokens
+        assert int(storage.seq_len[slot]) >= len(tokens)  # a last step may commit past max_tokens
+    engine.close()
+
+
+def test_proposal_starts_with_the_copy_and_its_confidences(models):
+    """The runner's proposal from slot storage: copied tokens first, with the copy confidences;
+    in static-shape mode (what a captured key records) the same, with no host read."""
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
+                                                max_model_len=64, copy_proposals="on"))
+    runner = engine.runner
+    sequence = [3, 4, 5, 6, 3, 4]  # anchor 4 after 3: copy 5, 6, 3, 4
+    runner.prefill([sequence[:-1]], [0])
+    runner.storage.start(torch.tensor([0]), torch.tensor([5]), torch.tensor([4]))
+    eager_tokens, eager_conf = runner.propose_from_storage(torch.tensor([0]))
+    assert eager_tokens[0, :4].tolist() == [5, 6, 3, 4]
+    assert eager_conf[0, :4].tolist() == pytest.approx([DEFAULT_COPY_CONFIDENCE] * 4)
+    assert eager_conf[0, 4].item() != pytest.approx(DEFAULT_COPY_CONFIDENCE)  # the draft's own confidence after the copy
+    with static_shapes(), host_reads() as recorder:
+        tokens, conf = runner._propose_fn(torch.tensor([0, runner.scratch_slot]), copies=True)
+    assert not recorder.reads
+    assert torch.equal(tokens[:1], eager_tokens) and torch.equal(conf[:1], eager_conf)
+    engine.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_captured_keys_with_copies_equal_eager(models, prompts, references, overlap):
+    target, draft = models
+    backend = StandInCapturedBackend("cpu")
+    captured, out_captured = run(target, draft, prompts, "adaptive", graphs=backend, overlap=overlap)
+    eager, out_eager = run(target, draft, prompts, "adaptive", overlap=overlap)
+    assert {k.stage for k in backend.keys} == {"propose", "propose+copy", "verify", "verify+context"}
+    assert [list(o.token_ids) for o in out_captured] == references
+    # the same proposals, so the same budgets and acceptances step by step
+    assert [o.verify_widths for o in out_captured] == [o.verify_widths for o in out_eager]
+    assert captured.counters.steps == eager.counters.steps
+
+
+def test_switching_copies_off_and_on_in_one_engine(models, prompts, references):
+    target, draft = models
+    engine = Engine(target, draft, EngineConfig(draft_width=7, policy="fixed", request_buckets=BUCKETS,
+                                                max_model_len=160, copy_proposals="on"))
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    on = engine.generate(prompts, params)
+    engine.set_copy_proposals(False)
+    off = engine.generate(prompts, params)
+    engine.set_copy_proposals(True)
+    again = engine.generate(prompts, params)
+    engine.close()
+    assert [list(o.token_ids) for o in on] == [list(o.token_ids) for o in off] == references
+    assert [o.steps for o in again] == [o.steps for o in on]
+    assert sum(o.steps for o in on) < sum(o.steps for o in off)
+    without = Engine(target, draft, EngineConfig(draft_width=7, policy="fixed", request_buckets=(1,),
+                                                 max_model_len=64, copy_proposals="off"))
+    with pytest.raises(ConfigError, match="cannot be turned on"):
+        without.set_copy_proposals(True)
+    without.close()
+
+
+# -- settings --------------------------------------------------------------------------------
+
+def test_copy_settings_follow_the_draft_config_and_the_mode(models):
+    _, draft = models
+    assert copy_settings(draft, "auto", 7) == (0, [DEFAULT_COPY_CONFIDENCE] * 7)  # the random draft sets none
+    assert copy_settings(draft, "on", 5) == (DEFAULT_COPY_ORDER, [DEFAULT_COPY_CONFIDENCE] * 5)
+    assert copy_settings(None, "on", 5)[0] == 0
+    fitted = draft.config.__class__(**{**_fields(draft.config), "copy_order": 3,
+                                       "copy_confidences": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]})
+
+    class Holder:
+        config = fitted
+
+    assert copy_settings(Holder(), "auto", 5) == (3, [0.9, 0.8, 0.7, 0.6, 0.5])
+    assert copy_settings(Holder(), "off", 5)[0] == 0
+    with pytest.raises(ConfigError, match="copy_proposals='maybe'"):
+        copy_settings(draft, "maybe", 5)
+
+
+def _fields(config: DraftConfig) -> dict:
+    import attrs
+
+    return attrs.asdict(config, recurse=False)
+
+
+def test_draft_config_checks_and_round_trips_the_copy_fields(models, tmp_path):
+    _, draft = models
+    base = _fields(draft.config)
+    with pytest.raises(ModelError, match="copy_order must be 0"):
+        DraftConfig(**{**base, "copy_order": 9})
+    with pytest.raises(ModelError, match="copy_confidences has 2 entries, expected 7"):
+        DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.5, 0.5]})
+    with pytest.raises(ModelError, match=r"copy_confidences must lie in \(0, 1\]"):
+        DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.5] * 6 + [1.5]})
+    config = DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.9] * 7})
+    data = json.loads(json.dumps(config_to_speculators(config)))
+    assert data["dspark_core"] == {"copy_order": 2, "copy_confidences": [0.9] * 7}
+    assert config_from_speculators(data, tmp_path / "config.json") == config
+    data["dspark_core"]["copy_order"] = "two"
+    with pytest.raises(ModelError, match="bad value in config"):
+        config_from_speculators(data, tmp_path / "config.json")
+
+
+def test_copy_acceptance_counts_tries_and_hits_per_position():
+    from dspark_core.train.copies import copy_acceptance
+
+    # the sequence 1 2 3 1 | 2 3 9 1 2 3 1 (indices 0..10); anchors at 4..9, copies of up to 3 tokens
+    prompt, answer = [1, 2, 3, 1], [2, 3, 9, 1, 2, 3, 1]
+    report = copy_acceptance([(prompt, answer)], order=2, width=3)
+    # 4: key (1, 2) last seen at 0..1 -> copy [3, 1, 2], truth [3, 9, 1]: a hit, then a miss
+    # 5: key (2, 3) at 1..2 -> [1, 2, 3], truth [9, ...]: a miss;  6, 7: keys (3, 9), (9, 1) unseen
+    # 8: (1, 2) latest at 3..4 -> [3, 9, 1], truth [3, 1]: a hit, a miss
+    # 9: (2, 3) latest at 4..5 -> [9, 1, 2], truth [1]: a miss
+    assert report["anchors"] == 6 and report["copied"] == 4
+    assert report["tries"] == [4, 2, 0] and report["hits"] == [2, 0, 0]
+    assert report["confidences"] == [0.5, 0.5, 0.5]  # fewer than MIN_TRIES: the earlier rate carries on
