@@ -1,16 +1,19 @@
 """Copy proposals (prompt lookup): what followed the latest earlier occurrence of the last n tokens.
 
 A small target repeats itself and its prompt: names, code, list markup. Where
-the request's last ``order`` tokens (the anchor included) already occurred
-earlier in its prompt or output, the tokens that followed that occurrence are
-a strong guess for what comes next, stronger than a one-layer draft's. This
-kernel finds them for a batch of slots, inside the proposal key: a masked
-compare over each slot's token history, the latest match by a max, and a
-gather of up to K following tokens. Fixed shapes, no host read, so it is
-captured with the draft and replays identically on every rank.
+the request's last n tokens (the anchor included) already occurred earlier in
+its prompt or output, the tokens that followed that occurrence are a strong
+guess for what comes next, stronger than a one-layer draft's. This kernel
+finds them for a batch of slots, inside the proposal key: a masked compare
+over each slot's token history, the latest match by a max, and a gather of K
+following tokens. Fixed shapes, no host read, so it is captured with the
+draft and replays identically on every rank.
 
-Only tokens already committed are copied (a continuation never runs past the
-anchor), so the lookup needs nothing the engine does not know.
+Several orders are tried, longest first: a longer match is rarer but more
+often right, and where it exists its latest occurrence can differ from the
+shorter one's. The copy repeats with the period of the match when it reaches
+the anchor (``a b c a b`` with anchor ``b`` proposes ``c a b c a ...``), so
+only tokens already committed are ever copied.
 """
 
 from __future__ import annotations
@@ -18,41 +21,54 @@ from __future__ import annotations
 import torch
 
 
-def copy_lookup(history: torch.Tensor, slots: torch.Tensor, seq_len: torch.Tensor, order: int,
-                width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copied tokens ``[B, width]`` and how many of them are real ``[B]`` for each slot.
+def copy_lookup(history: torch.Tensor, slots: torch.Tensor, seq_len: torch.Tensor, orders: tuple[int, ...],
+                width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Copied tokens ``[B, width]``, how many are real ``[B]`` and which order matched ``[B]``.
 
     ``history`` [S, L] holds each slot's tokens by position and ``seq_len`` [S]
-    how many are committed, the last one being the anchor. For slot s with
-    n = seq_len[s], the key is history[s, n-order : n]; the latest end j < n-1
-    of an earlier occurrence gives the tokens history[s, j+1 : min(j+1+width, n)].
-    Slots without an occurrence (or shorter than order + 1) get length 0; cells
-    past a slot's length are 0.
+    how many are committed, the last one being the anchor. ``orders`` are tried
+    longest first (descending). For slot s with n = seq_len[s] and the first
+    order o whose key history[s, n-o : n] occurred before, ending at j < n-1
+    (the latest such j), the copy is history[s, j+1 + (i mod (n-1-j))] for
+    i < width. Slots without a match get length 0, order index len(orders) and
+    zeros.
     """
     rows = history[slots]  # [B, L]
     n = seq_len[slots].unsqueeze(1)  # [B, 1]
     length = rows.shape[1]
     position = torch.arange(length, device=rows.device).unsqueeze(0)  # [1, L]
-    # an occurrence ends at j with order - 1 <= j <= n - 2 (strictly before the key itself)
-    match = (position >= order - 1) & (position <= n - 2)
-    for back in range(order):
+    # an occurrence of the last (back + 1) tokens ends at j <= n - 2 (strictly before the key itself)
+    match = position <= n - 2
+    latest: dict[int, torch.Tensor] = {}
+    for back in range(max(orders)):
         key = rows.gather(1, (n - 1 - back).clamp(min=0, max=length - 1))  # [B, 1]
         earlier = rows if back == 0 else torch.nn.functional.pad(rows[:, : length - back], (back, 0))
-        match &= earlier == key
-    last = torch.where(match, position, -1).amax(dim=1, keepdim=True)  # [B, 1], -1: none
-    count = torch.where(last >= 0, (n - 1 - last).clamp(max=width), 0)  # [B, 1]
+        match = match & (earlier == key) & (position >= back)
+        if back + 1 in orders:
+            latest[back + 1] = torch.where(match, position, -1).amax(dim=1, keepdim=True)  # [B, 1], -1: none
+    last = torch.full_like(n, -1)
+    chosen = torch.full_like(n, len(orders))
+    for index, order in enumerate(orders):  # longest first: keep the first order that matched
+        take = (last < 0) & (latest[order] >= 0)
+        last = torch.where(take, latest[order], last)
+        chosen = torch.where(take, index, chosen)
+    found = last >= 0
+    period = (n - 1 - last).clamp(min=1)
     column = torch.arange(width, device=rows.device).unsqueeze(0)
-    tokens = rows.gather(1, (last + 1 + column).clamp(min=0, max=length - 1))
-    return torch.where(column < count, tokens, 0), count.squeeze(1)
+    tokens = rows.gather(1, (last + 1 + column % period).clamp(min=0, max=length - 1))
+    return torch.where(found, tokens, 0), torch.where(found, width, 0).squeeze(1), chosen.squeeze(1)
 
 
-def copy_lookup_reference(tokens: list[int], order: int, width: int) -> list[int]:
-    """Loop reference for one sequence (its last token is the anchor): the copied tokens."""
+def copy_lookup_reference(tokens: list[int], orders: tuple[int, ...], width: int) -> tuple[list[int], int | None]:
+    """Loop reference for one sequence (its last token is the anchor): the copied tokens and the
+    order that matched (None: no match)."""
     p = len(tokens) - 1
-    if p < order:
-        return []
-    key = tokens[p - order + 1 : p + 1]
-    for j in range(p - 1, order - 2, -1):
-        if tokens[j - order + 1 : j + 1] == key:
-            return tokens[j + 1 : min(j + 1 + width, p + 1)]
-    return []
+    for order in orders:
+        if p < order:
+            continue
+        key = tokens[p - order + 1 : p + 1]
+        for j in range(p - 1, order - 2, -1):
+            if tokens[j - order + 1 : j + 1] == key:
+                period = p - j
+                return [tokens[j + 1 + i % period] for i in range(width)], order
+    return [], None

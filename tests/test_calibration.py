@@ -178,7 +178,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["settings"]["draft_width"] == 5
     assert audit["geometry"]["request_buckets"] == [1, 2]
     assert audit["max_model_len"] == 128
-    assert audit["copy_order"] == 0  # the tiny draft's config asks for no copies
+    assert audit["copy_orders"] == []  # the tiny draft's config asks for no copies
     engine.close()
 
     # reuse: warmup again, but no probing and no fit; with copy proposals turned on, each bucket
@@ -187,7 +187,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
                                                  "--copy_proposals=on"))
     work2 = engine2.work_counters()
     assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2 + 2
-    assert audits2[0]["copy_order"] == 2
+    assert audits2[0]["copy_orders"] == [6, 5, 4, 3, 2]
     assert table2 == table and engine2.table == table
     assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
     assert audits2[0]["coverage"]

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capture_support import StandInCapturedBackend, host_reads
-from dspark_core.engine.copies import DEFAULT_COPY_CONFIDENCE, DEFAULT_COPY_ORDER, copy_settings
+from dspark_core.engine.copies import DEFAULT_COPY_CONFIDENCE, DEFAULT_COPY_ORDERS, copy_settings
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, ModelError
@@ -36,8 +36,8 @@ CFG = tiny_target_config(max_position=256)
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=30), min_size=1, max_size=5),
-       st.integers(1, 3), st.sampled_from([5, 7]))
-def test_lookup_kernel_equals_the_loop_reference(sequences, order, width):
+       st.sampled_from([(1,), (2,), (3,), (3, 2), (4, 3, 2, 1), (6, 5, 4, 3, 2)]), st.sampled_from([5, 7]))
+def test_lookup_kernel_equals_the_loop_reference(sequences, orders, width):
     """A small vocabulary makes repeats (and several earlier occurrences) common."""
     columns = 34
     history = torch.full((len(sequences) + 1, columns), 9, dtype=torch.int64)  # 9: never a written token
@@ -45,23 +45,32 @@ def test_lookup_kernel_equals_the_loop_reference(sequences, order, width):
         history[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
     seq_len = torch.tensor([len(t) for t in sequences] + [0])
     slots = torch.arange(len(sequences)).flip(0)  # any order of slots
-    tokens, counts = copy_lookup(history, slots, seq_len, order, width)
+    tokens, counts, chosen = copy_lookup(history, slots, seq_len, orders, width)
     for row, slot in enumerate(slots.tolist()):
-        want = copy_lookup_reference(sequences[slot], order, width)
+        want, order = copy_lookup_reference(sequences[slot], orders, width)
         assert counts[row].item() == len(want)
-        assert tokens[row, : len(want)].tolist() == want
-        assert not tokens[row, len(want):].any()
+        assert tokens[row].tolist() == (want or [0] * width)
+        assert chosen[row].item() == (len(orders) if order is None else orders.index(order))
 
 
-def test_lookup_takes_the_latest_occurrence_and_never_reads_past_the_anchor():
+def test_lookup_prefers_long_keys_takes_the_latest_occurrence_and_repeats_before_the_anchor():
     #         0  1  2  3  4  5  6  7  8  9
     tokens = [1, 2, 7, 1, 2, 8, 9, 4, 1, 2]  # key (1, 2) ends at 1 and 4 (and at 9, the anchor)
     history = torch.tensor([tokens + [5] * 6])
-    copied, count = copy_lookup(history, torch.tensor([0]), torch.tensor([10]), 2, 7)
-    assert count.tolist() == [5] and copied[0, :5].tolist() == [8, 9, 4, 1, 2]  # from 4 on, stops at the anchor
-    assert copy_lookup_reference(tokens, 2, 7) == [8, 9, 4, 1, 2]
-    _, none = copy_lookup(history, torch.tensor([0]), torch.tensor([3]), 2, 7)  # [1, 2, 7]: no earlier (2, 7)
-    assert none.tolist() == [0]
+    copied, count, chosen = copy_lookup(history, torch.tensor([0]), torch.tensor([10]), (2,), 7)
+    # from 4 on: 8 9 4 1 2, then again from 8 (period 5), never past the anchor
+    assert count.tolist() == [7] and copied[0].tolist() == [8, 9, 4, 1, 2, 8, 9] and chosen.tolist() == [0]
+    assert copy_lookup_reference(tokens, (2,), 7) == ([8, 9, 4, 1, 2, 8, 9], 2)
+    # (4, 1, 2) occurs only as the key itself, so the 2-token key decides
+    assert copy_lookup_reference(tokens, (3, 2), 7) == ([8, 9, 4, 1, 2, 8, 9], 2)
+    # here the 3-token key (4, 1, 2) occurred, earlier than the latest (1, 2): the longer key wins
+    longer = [4, 1, 2, 3, 7, 1, 2, 6, 4, 1, 2]  # (4, 1, 2) at 0..2, (1, 2) latest at 5..6
+    assert copy_lookup_reference(longer, (3, 2), 3) == ([3, 7, 1], 3)
+    assert copy_lookup_reference(longer, (2,), 3) == ([6, 4, 1], 2)
+    copied, _, chosen = copy_lookup(torch.tensor([longer]), torch.tensor([0]), torch.tensor([11]), (3, 2), 3)
+    assert copied[0].tolist() == [3, 7, 1] and chosen.tolist() == [0]
+    _, none, chosen = copy_lookup(history, torch.tensor([0]), torch.tensor([3]), (2,), 7)  # [1, 2, 7]: no earlier (2, 7)
+    assert none.tolist() == [0] and chosen.tolist() == [1]
 
 
 # -- the engine ------------------------------------------------------------------------------
@@ -118,7 +127,7 @@ def test_copies_save_steps_and_off_means_the_draft_alone(models, prompts, refere
     with_copies, out_on = run(target, draft, prompts, "fixed", {"k": 7}, copies="on")
     without, out_off = run(target, draft, prompts, "fixed", {"k": 7}, copies="off")
     assert [list(o.token_ids) for o in out_on] == [list(o.token_ids) for o in out_off] == references
-    assert with_copies.runner.copy_order == DEFAULT_COPY_ORDER and without.runner.copy_order == 0
+    assert with_copies.runner.copy_orders == DEFAULT_COPY_ORDERS and without.runner.copy_orders == ()
     assert with_copies.counters.steps < 0.8 * without.counters.steps
 
 
@@ -147,13 +156,12 @@ def test_proposal_starts_with_the_copy_and_its_confidences(models):
     engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
                                                 max_model_len=64, copy_proposals="on"))
     runner = engine.runner
-    sequence = [3, 4, 5, 6, 3, 4]  # anchor 4 after 3: copy 5, 6, 3, 4
+    sequence = [3, 4, 5, 6, 3, 4]  # anchor 4 after 3: copy 5, 6, 3, 4, then again 5 (period 4)
     runner.prefill([sequence[:-1]], [0])
     runner.storage.start(torch.tensor([0]), torch.tensor([5]), torch.tensor([4]))
     eager_tokens, eager_conf = runner.propose_from_storage(torch.tensor([0]))
-    assert eager_tokens[0, :4].tolist() == [5, 6, 3, 4]
-    assert eager_conf[0, :4].tolist() == pytest.approx([DEFAULT_COPY_CONFIDENCE] * 4)
-    assert eager_conf[0, 4].item() != pytest.approx(DEFAULT_COPY_CONFIDENCE)  # the draft's own confidence after the copy
+    assert eager_tokens[0].tolist() == [5, 6, 3, 4, 5]
+    assert eager_conf[0].tolist() == pytest.approx([DEFAULT_COPY_CONFIDENCE] * 5)
     with static_shapes(), host_reads() as recorder:
         tokens, conf = runner._propose_fn(torch.tensor([0, runner.scratch_slot]), copies=True)
     assert not recorder.reads
@@ -199,17 +207,19 @@ def test_switching_copies_off_and_on_in_one_engine(models, prompts, references):
 
 def test_copy_settings_follow_the_draft_config_and_the_mode(models):
     _, draft = models
-    assert copy_settings(draft, "auto", 7) == (0, [DEFAULT_COPY_CONFIDENCE] * 7)  # the random draft sets none
-    assert copy_settings(draft, "on", 5) == (DEFAULT_COPY_ORDER, [DEFAULT_COPY_CONFIDENCE] * 5)
-    assert copy_settings(None, "on", 5)[0] == 0
-    fitted = draft.config.__class__(**{**_fields(draft.config), "copy_order": 3,
-                                       "copy_confidences": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]})
+    assert copy_settings(draft, "auto", 7) == ((), [])  # the random draft sets none
+    assert copy_settings(draft, "on", 5) == (DEFAULT_COPY_ORDERS, [[DEFAULT_COPY_CONFIDENCE] * 5] * len(DEFAULT_COPY_ORDERS))
+    assert copy_settings(None, "on", 5) == ((), [])
+    rows = [[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3], [0.5] * 7]
+    fitted = draft.config.__class__(**{**_fields(draft.config), "copy_order": 3, "copy_min_order": 2,
+                                       "copy_confidences": rows})
 
     class Holder:
         config = fitted
 
-    assert copy_settings(Holder(), "auto", 5) == (3, [0.9, 0.8, 0.7, 0.6, 0.5])
-    assert copy_settings(Holder(), "off", 5)[0] == 0
+    assert copy_settings(Holder(), "auto", 5) == ((3, 2), [[0.9, 0.8, 0.7, 0.6, 0.5], [0.5] * 5])
+    assert copy_settings(Holder(), "on", 5)[0] == (3, 2)
+    assert copy_settings(Holder(), "off", 5) == ((), [])
     with pytest.raises(ConfigError, match="copy_proposals='maybe'"):
         copy_settings(draft, "maybe", 5)
 
@@ -225,13 +235,20 @@ def test_draft_config_checks_and_round_trips_the_copy_fields(models, tmp_path):
     base = _fields(draft.config)
     with pytest.raises(ModelError, match="copy_order must be 0"):
         DraftConfig(**{**base, "copy_order": 9})
-    with pytest.raises(ModelError, match="copy_confidences has 2 entries, expected 7"):
+    with pytest.raises(ModelError, match="copy_min_order must be 1 .. copy_order"):
+        DraftConfig(**{**base, "copy_order": 2, "copy_min_order": 3})
+    with pytest.raises(ModelError, match=r"copy_confidences must hold 1 row\(s\).*of 7 values.*got \[2\]"):
         DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.5, 0.5]})
+    with pytest.raises(ModelError, match=r"copy_confidences must hold 2 row"):
+        DraftConfig(**{**base, "copy_order": 3, "copy_min_order": 2, "copy_confidences": [[0.5] * 7]})
     with pytest.raises(ModelError, match=r"copy_confidences must lie in \(0, 1\]"):
         DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.5] * 6 + [1.5]})
-    config = DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.9] * 7})
+    flat = DraftConfig(**{**base, "copy_order": 2, "copy_confidences": [0.9] * 7})  # one order: a flat list will do
+    assert flat.copy_orders == (2,) and flat.copy_confidences == ((0.9,) * 7,)
+    config = DraftConfig(**{**base, "copy_order": 4, "copy_min_order": 2, "copy_confidences": [[0.9] * 7] * 3})
+    assert config.copy_orders == (4, 3, 2)
     data = json.loads(json.dumps(config_to_speculators(config)))
-    assert data["dspark_core"] == {"copy_order": 2, "copy_confidences": [0.9] * 7}
+    assert data["dspark_core"] == {"copy_order": 4, "copy_min_order": 2, "copy_confidences": [[0.9] * 7] * 3}
     assert config_from_speculators(data, tmp_path / "config.json") == config
     data["dspark_core"]["copy_order"] = "two"
     with pytest.raises(ModelError, match="bad value in config"):
@@ -241,13 +258,14 @@ def test_draft_config_checks_and_round_trips_the_copy_fields(models, tmp_path):
 def test_copy_acceptance_counts_tries_and_hits_per_position():
     from dspark_core.train.copies import copy_acceptance
 
-    # the sequence 1 2 3 1 | 2 3 9 1 2 3 1 (indices 0..10); anchors at 4..9, copies of up to 3 tokens
+    # the sequence 1 2 3 1 | 2 3 9 1 2 3 1 (indices 0..10); anchors at 4..9, copies of 3 tokens
     prompt, answer = [1, 2, 3, 1], [2, 3, 9, 1, 2, 3, 1]
-    report = copy_acceptance([(prompt, answer)], order=2, width=3)
-    # 4: key (1, 2) last seen at 0..1 -> copy [3, 1, 2], truth [3, 9, 1]: a hit, then a miss
-    # 5: key (2, 3) at 1..2 -> [1, 2, 3], truth [9, ...]: a miss;  6, 7: keys (3, 9), (9, 1) unseen
-    # 8: (1, 2) latest at 3..4 -> [3, 9, 1], truth [3, 1]: a hit, a miss
-    # 9: (2, 3) latest at 4..5 -> [9, 1, 2], truth [1]: a miss
-    assert report["anchors"] == 6 and report["copied"] == 4
-    assert report["tries"] == [4, 2, 0] and report["hits"] == [2, 0, 0]
-    assert report["confidences"] == [0.5, 0.5, 0.5]  # fewer than MIN_TRIES: the earlier rate carries on
+    report = copy_acceptance([(prompt, answer)], orders=(3, 2), width=3)
+    # 4: key (3, 1, 2)? not before; (1, 2) at 0..1 -> copy [3, 1, 2], truth [3, 9, 1]: a hit, a miss
+    # 5: (1, 2, 3) at 0..2 -> [1, 2, 3] (period 3), truth [9, ...]: a miss;  6, 7: (3, 9), (9, 1) unseen
+    # 8: (9, 1, 2)? no; (1, 2) latest at 3..4 -> [3, 9, 1], truth [3, 1]: a hit, a miss
+    # 9: (1, 2, 3) latest at 3..5 -> [9, 1, 2], truth [1]: a miss
+    assert report["anchors"] == 6 and report["copied"] == [2, 2]
+    assert report["tries"] == [[2, 0, 0], [2, 2, 0]] and report["hits"] == [[0, 0, 0], [2, 0, 0]]
+    # fewer than MIN_TRIES everywhere: each cell falls back to the position before (0.5 to start)
+    assert report["confidences"] == [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]

@@ -5,6 +5,7 @@ import argparse
 import pytest
 import torch
 
+from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
 from dspark_core.models.random_models import random_draft, random_target
 from dspark_core.models.speculators_io import load_draft
@@ -99,17 +100,18 @@ def test_calibrate_confidence_on_heldout_features(trained, tmp_path):
     from dspark_core.commands.calibrate_confidence import calibrate
 
     out, _, target, _, held = trained
-    report = calibrate(out / "draft", target, out / "heldout-features.pt", output=tmp_path / "cal", copy_order=2)
+    report = calibrate(out / "draft", target, out / "heldout-features.pt", output=tmp_path / "cal", copy_orders=(3, 2))
     assert report["blocks"] > 0 and len(report["temperatures"]) == 4
     calibrated = load_draft(tmp_path / "cal").config
     assert calibrated.sts_temperatures == pytest.approx(tuple(report["temperatures"]), rel=1e-5)
-    assert calibrated.copy_order == 2 and list(calibrated.copy_confidences) == report["copies"]["confidences"]
+    assert calibrated.copy_orders == (3, 2)
+    assert [list(row) for row in calibrated.copy_confidences] == report["copies"]["confidences"]
     assert report["copies"]["anchors"] > 0
     source = load_draft(out / "draft").config
     assert source.sts_temperatures is None and source.copy_order == 0  # the source stays as it was
     # the same fit from the generations file (features recomputed by the target); the held-out
     # answers are the target's greedy ones, so the copies see the same sequences
-    again = calibrate(out / "draft", target, held, output=tmp_path / "cal2", copy_order=2)
+    again = calibrate(out / "draft", target, held, output=tmp_path / "cal2", copy_orders=(3, 2))
     assert again["temperatures"] == pytest.approx(report["temperatures"], rel=1e-3)
     assert again["copies"] == report["copies"]
     plain = calibrate(out / "draft", target, held, output=tmp_path / "cal3")
@@ -143,11 +145,30 @@ def test_eval_with_copies_reports_the_blocks_as_proposed(trained):
     prompts = [p for p, _ in read_generations(held)]
     plain = evaluate(target, draft, prompts, widths=(4,), max_tokens=24, batch=4, copy_proposals="off")
     report = evaluate(target, draft, prompts, widths=(4,), max_tokens=24, batch=4, copy_proposals="on")
-    assert plain["copy_order"] == 0 and "confidence_with_copies" not in plain
-    assert report["copy_order"] == 2
+    assert plain["copy_orders"] == [] and "confidence_with_copies" not in plain
+    assert report["copy_orders"] == [6, 5, 4, 3, 2]
     copies = report["confidence_with_copies"]
     assert len(copies["ece"]) == 4 and all(0 <= e <= 1 for e in copies["ece"])
     # the engine's own blocks differ only where copies lead them; the draft-only figures stay
     for key in ("blocks", "ece_after", "offline_acceptance_by_position"):
         assert report["confidence"][key] == plain["confidence"][key]
     assert copies["offline_acceptance_by_position"] != report["confidence"]["offline_acceptance_by_position"]
+
+
+def test_calibrate_copies_only_keeps_the_temperatures(trained, tmp_path, capsys):
+    from dspark_core.commands import calibrate_confidence
+
+    out, _, _, _, held = trained
+    parser = argparse.ArgumentParser()
+    calibrate_confidence.add_arguments(parser)
+    args = parser.parse_args([f"--draft_model={out / 'draft'}", f"--heldout={held}", "--copies_only",
+                              "--copy_order=3", f"--output={tmp_path / 'copies'}"])
+    assert calibrate_confidence.run(args) == 0
+    assert "3 tokens (" in capsys.readouterr().out
+    written, source = load_draft(tmp_path / "copies").config, load_draft(out / "draft").config
+    assert written.copy_orders == (3, 2) and len(written.copy_confidences) == 2
+    assert written.sts_temperatures == source.sts_temperatures and source.copy_orders == ()
+    bad = parser.parse_args([f"--draft_model={out / 'draft'}", f"--heldout={held}", "--copies_only",
+                             "--copy_order=2", "--copy_min_order=4"])
+    with pytest.raises(ModelError, match="--copy_min_order=4 exceeds --copy_order=2"):
+        calibrate_confidence.run(bad)

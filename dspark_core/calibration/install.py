@@ -114,8 +114,8 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
                              if engine.runner.graphs is not None else "disabled",
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
                              "max_model_len": engine.max_model_len,
-                             # 0: the draft proposes alone; n: copies of the last n tokens lead its blocks
-                             "copy_order": engine.runner.copy_order}
+                             # []: the draft proposes alone; else the key lengths copy proposals try
+                             "copy_orders": list(engine.runner.copy_orders)}
     if source == "saved table":
         extra["table_path"] = launch.config.adaptive_dspark_cost_table
         extra["saved_settings"] = unstructure(table.settings) if table.settings is not None else None

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dspark_core.engine.copies import DEFAULT_COPY_ORDER
+from dspark_core.engine.copies import DEFAULT_COPY_ORDERS
 from dspark_core.errors import ModelError
 from dspark_core.models.draft_config import MAX_COPY_ORDER
 from dspark_core.train.runtime import add_device_arguments
@@ -25,10 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
-    a("--copy_order", type=int, choices=range(0, MAX_COPY_ORDER + 1), default=DEFAULT_COPY_ORDER, metavar="N",
-      help="Also fit the confidences of copy proposals over the last N tokens (their acceptance per position, "
-           f"teacher forced on the same data) and turn them on in the config; 0 leaves the config's copy settings "
-           f"as they are. Default: {DEFAULT_COPY_ORDER}.")
+    a("--copy_order", type=int, choices=range(0, MAX_COPY_ORDER + 1), default=max(DEFAULT_COPY_ORDERS), metavar="N",
+      help="Also fit the confidences of copy proposals whose keys are the last N down to --copy_min_order tokens "
+           "(their acceptance per key length and position, teacher forced on the same data) and turn them on in "
+           f"the config; 0 leaves the config's copy settings as they are. Default: {max(DEFAULT_COPY_ORDERS)}.")
+    a("--copy_min_order", type=int, choices=range(1, MAX_COPY_ORDER + 1), default=min(DEFAULT_COPY_ORDERS), metavar="M",
+      help=f"Shortest copy key tried. Default: {min(DEFAULT_COPY_ORDERS)}.")
     a("--copies_only", action="store_true", help="Fit only the copy confidences (no target pass on a generations "
                                                  "file); the temperatures stay as they are.")
     add_device_arguments(parser)
@@ -38,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15, offset: bool = False,
-              copy_order: int = 0) -> dict:
-    """Fit, write and report (ECE per position before/after; with ``copy_order``, the copies' acceptance)."""
+              copy_orders: tuple[int, ...] = ()) -> dict:
+    """Fit, write and report (ECE per position before/after; with ``copy_orders``, the copies' acceptance)."""
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.train import sts
     from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
@@ -68,22 +70,31 @@ def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = N
     if shift:
         sts.add_confidence_offset(written, shift)
     copies = None
-    if copy_order:
-        copies = copy_acceptance(pairs, copy_order, draft.config.num_speculative_tokens)
-        write_copy_settings(written, copy_order, copies["confidences"])
+    if copy_orders:
+        copies = copy_acceptance(pairs, copy_orders, draft.config.num_speculative_tokens)
+        write_copy_settings(written, copy_orders, copies["confidences"])
     return {"draft": str(written), "heldout": str(heldout), "blocks": len(logits), "temperatures": temps,
             "offset": shift, "ece_before": sts.survival_ece(logits, hits, ones, bins),
             "ece_after": sts.survival_ece(logits + shift, hits, temps, bins), "copies": copies}
 
 
-def calibrate_copies(draft_dir: Path, heldout: Path, order: int, *, output: Path | None = None) -> dict:
+def copy_orders_of(args: argparse.Namespace) -> tuple[int, ...]:
+    """The key lengths --copy_order and --copy_min_order ask for, longest first (empty: none)."""
+    if args.copy_order == 0:
+        return ()
+    if args.copy_min_order > args.copy_order:
+        raise ModelError(f"--copy_min_order={args.copy_min_order} exceeds --copy_order={args.copy_order}")
+    return tuple(range(args.copy_order, args.copy_min_order - 1, -1))
+
+
+def calibrate_copies(draft_dir: Path, heldout: Path, orders: tuple[int, ...], *, output: Path | None = None) -> dict:
     """Fit and write the copy confidences alone, from greedy generations or a features file."""
     from dspark_core.models.speculators_io import read_draft_config
     from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
     from dspark_core.train.data import read_generations
     from dspark_core.train.sts import checkpoint_to_update
 
-    if order < 1:
+    if not orders:
         raise ModelError("--copies_only needs --copy_order >= 1")
     width = read_draft_config(draft_dir).num_speculative_tokens
     if heldout.suffix == ".pt":
@@ -94,17 +105,19 @@ def calibrate_copies(draft_dir: Path, heldout: Path, order: int, *, output: Path
         pairs = greedy_sequences(FeatureSet(**torch.load(heldout, weights_only=True)))
     else:
         pairs = read_generations(heldout)
-    copies = copy_acceptance(pairs, order, width)
+    copies = copy_acceptance(pairs, orders, width)
     if copies["anchors"] == 0:
         raise ModelError(f"{heldout}: no answer tokens to measure copies on")
     written = checkpoint_to_update(draft_dir, output)
-    write_copy_settings(written, order, copies["confidences"])
+    write_copy_settings(written, orders, copies["confidences"])
     return {"draft": str(written), "heldout": str(heldout), "copies": copies}
 
 
 def _print_copies(copies: dict) -> None:
-    print(f"copies (last {copies['order']} tokens) at {copies['copied']} of {copies['anchors']} anchors; "
-          "acceptance per position: " + ", ".join(f"{c:.3f}" for c in copies["confidences"]))
+    anchors = copies["anchors"]
+    print(f"copies at {sum(copies['copied'])} of {anchors} anchors; acceptance per position, by key length:")
+    for order, count, row in zip(copies["orders"], copies["copied"], copies["confidences"]):
+        print(f"  {order} tokens ({count} anchors): " + ", ".join(f"{c:.3f}" for c in row))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if not heldout.is_file():
         raise ModelError(f"held-out file {heldout} not found (pass --heldout=FILE)")
     if args.copies_only:
-        report = calibrate_copies(draft_dir, heldout, args.copy_order, output=Path(args.output) if args.output else None)
+        report = calibrate_copies(draft_dir, heldout, copy_orders_of(args), output=Path(args.output) if args.output else None)
         if args.json:
             print(json.dumps(report))
         else:
@@ -133,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
         target = load_target(args.target, device=device, dtype=dtype)
     report = calibrate(draft_dir, target, heldout, output=Path(args.output) if args.output else None,
-                       bins=args.bins, offset=args.offset, copy_order=args.copy_order)
+                       bins=args.bins, offset=args.offset, copy_orders=copy_orders_of(args))
     if args.json:
         print(json.dumps(report))
     else:

@@ -87,24 +87,24 @@ def evaluate(target, draft, prompts, *, widths=(5, 7), max_tokens=128, batch=16,
                 "roc_auc_by_position": per_auc,
                 "mean_hit_rate": float(np.mean(hits)),
             }
-            order, copy_confidences = copy_settings(draft, copy_proposals, k_out)
-            report["copy_order"] = order
-            if order:
-                report["confidence_with_copies"] = copy_figures(pairs, logits, hits, temps, order, copy_confidences, bins)
+            orders, copy_confidences = copy_settings(draft, copy_proposals, k_out)
+            report["copy_orders"] = list(orders)
+            if orders:
+                report["confidence_with_copies"] = copy_figures(pairs, logits, hits, temps, orders, copy_confidences, bins)
     return report
 
 
-def copy_figures(pairs, logits, hits, temperatures, order, copy_confidences, bins) -> dict:
+def copy_figures(pairs, logits, hits, temperatures, orders, copy_confidences, bins) -> dict:
     """Survival ECE and ROC-AUC of the blocks as the engine proposes them with copies."""
     import numpy as np
 
     from dspark_core.train import sts
     from dspark_core.train.copies import with_copies
 
-    confidences, combined = with_copies(pairs, logits, hits, temperatures, order, copy_confidences)
+    confidences, combined = with_copies(pairs, logits, hits, temperatures, orders, copy_confidences)
     predicted, survived = np.cumprod(confidences, axis=1), sts.survival(combined)
     auc, per_auc = sts.reached_auc(confidences, combined)  # rank-based: probabilities serve as scores
-    return {"copy_confidences": list(copy_confidences),
+    return {"copy_confidences": [list(row) for row in copy_confidences],
             "offline_acceptance_by_position": survived.mean(0).tolist(),
             "ece": [sts.ece(predicted[:, j], survived[:, j], bins) for j in range(confidences.shape[1])],
             "roc_auc": auc, "roc_auc_by_position": per_auc}
@@ -134,7 +134,8 @@ def _print(report: dict) -> None:
         print("   survival ECE after STS:  " + " ".join(f"{100 * x:.2f}%" for x in c["ece_after"]))
     c = report.get("confidence_with_copies")
     if c:
-        print(f"with copies (last {report['copy_order']} tokens): ROC-AUC {c['roc_auc']:.3f}")
+        orders = "/".join(str(o) for o in report["copy_orders"])
+        print(f"with copies (keys of {orders} tokens): ROC-AUC {c['roc_auc']:.3f}")
         print("   survival ECE:            " + " ".join(f"{100 * x:.2f}%" for x in c["ece"]))
 
 

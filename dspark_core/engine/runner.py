@@ -70,10 +70,12 @@ class ModelRunner:
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
             self.draft_context = DraftContextQueue(draft, num_slots=num_slots, max_len=max_len,
                                                    scratch_slot=self.scratch_slot, max_rows=PENDING_CONTEXT_ROWS)
-        self.copy_order, copy_confidences = copy_settings(draft, copy_proposals, draft_width)
-        self.copy_confidences = torch.tensor(copy_confidences, dtype=torch.float32, device=self.device)
+        self.copy_orders, copy_confidences = copy_settings(draft, copy_proposals, draft_width)
+        # one row per order, longest first, and a last row for slots without a match (never read)
+        self.copy_confidences = torch.tensor(copy_confidences + [[0.0] * draft_width], dtype=torch.float32,
+                                             device=self.device)
         # whether proposals copy (a launch with copies can turn them off and on: a bench compares both)
-        self.copies_on = self.copy_order > 0
+        self.copies_on = bool(self.copy_orders)
 
     def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
         """Target forward that also returns the draft's hidden states when a draft exists."""
@@ -159,7 +161,7 @@ class ModelRunner:
 
     def set_copies(self, on: bool) -> None:
         """Turn copy proposals on or off (on needs a launch with copies: their keys are prepared)."""
-        if on and not self.copy_order:
+        if on and not self.copy_orders:
             raise ConfigError("copy proposals cannot be turned on: this engine was built without them "
                               "(copy_proposals=off, or auto with a draft whose config sets no copy_order)")
         self.copies_on = on
@@ -178,26 +180,27 @@ class ModelRunner:
         live = slot_ids != self.scratch_slot
         anchors, positions = torch.where(live, anchors, 0), torch.where(live, positions, 0)
         if copies:
-            copied, copy_lengths = self.storage.copies(slot_ids, self.copy_order)
-            tokens, confidences = self._draft_block(anchors, positions, slot_ids, copied, torch.where(live, copy_lengths, 0))
+            copied, copy_lengths, order_index = self.storage.copies(slot_ids, self.copy_orders)
+            tokens, confidences = self._draft_block(anchors, positions, slot_ids, copied, torch.where(live, copy_lengths, 0),
+                                                    self.copy_confidences[order_index])
         else:
             tokens, confidences = self._draft_block(anchors, positions, slot_ids)
         self.storage.record_proposal(slot_ids, tokens, confidences)
         return tokens, confidences
 
     def _draft_block(self, anchors: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
-                     copied: torch.Tensor | None = None, copy_lengths: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     copied: torch.Tensor | None = None, copy_lengths: torch.Tensor | None = None,
+                     copy_confidences: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft's block; with ``copied`` tokens, request b's block starts with the first
-        ``copy_lengths[b]`` of them, each with the draft's copy confidence for its position."""
+        ``copy_lengths[b]`` of them, with ``copy_confidences[b]`` as their confidences."""
         assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
-        if copied is None or copy_lengths is None:
+        if copied is None or copy_lengths is None or copy_confidences is None:
             tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
             return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
         tokens, confidences = self.draft.propose(anchors, positions, slot_ids, prefix=copied, prefix_lengths=copy_lengths)
         tokens, confidences = tokens[:, : self.draft_width], confidences[:, : self.draft_width]
         is_copy = torch.arange(self.draft_width, device=tokens.device).unsqueeze(0) < copy_lengths.unsqueeze(1)
-        return torch.where(is_copy, copied, tokens), torch.where(is_copy, self.copy_confidences, confidences.float())
+        return torch.where(is_copy, copied, tokens), torch.where(is_copy, copy_confidences, confidences.float())
 
     # -- verify, accept and commit, through the graph backend -----------------------
     def binding_key(self, request_bucket: int, target_rows: int, write_context: bool = False) -> BindingKey:
@@ -322,7 +325,7 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
         for bucket in geometry.request_buckets:
             if self.draft is not None:
-                for copies in (False, True) if self.copy_order else (False,):
+                for copies in (False, True) if self.copy_orders else (False,):
                     self.graphs.prepare(self.proposal_key(bucket, copies), partial(self._propose_fn, copies=copies),
                                         {"slot_ids": as_long([self.scratch_slot] * bucket)})
             no_requests = torch.zeros(0, self.draft_width, device=self.device)

@@ -62,9 +62,10 @@ class SlotStorage:
         """Anchor token and its position for each slot."""
         return self.last_token[slots], self.seq_len[slots] - 1
 
-    def copies(self, slots: torch.Tensor, order: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy proposals of these slots from their history (see :mod:`dspark_kernels.copy_lookup`)."""
-        return copy_lookup(self.history, slots, self.seq_len, order, self.draft_width)
+    def copies(self, slots: torch.Tensor, orders: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copy proposals of these slots from their history: tokens, lengths and the index of the
+        order that matched (see :mod:`dspark_kernels.copy_lookup`)."""
+        return copy_lookup(self.history, slots, self.seq_len, orders, self.draft_width)
 
     def record_proposal(self, slots: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor) -> None:
         self.draft_tokens[slots] = tokens

@@ -153,13 +153,15 @@ class DraftModel(Protocol):
         """Append the target's hidden states of the given rows to their slots' context."""
         ...
 
-    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
-                slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor,
+                prefix: torch.Tensor | None = None,
+                prefix_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A block of drafted tokens and their confidences per request.
 
-        A draft whose config sets ``copy_order`` > 0 also takes ``prefix`` and ``prefix_lengths``
-        keywords: tokens copied from the request's text, to start its block with (see
-        :meth:`dspark_core.models.dspark_draft.DSparkDraft.propose`)."""
+        With copy proposals on, the engine also passes ``prefix`` [B, P] and ``prefix_lengths`` [B]:
+        tokens copied from the request's text that the block starts with (see
+        :meth:`dspark_core.models.dspark_draft.DSparkDraft.propose`). A draft that leaves them out
+        is used only with copies off."""
         ...
 
 

@@ -11,6 +11,16 @@ MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 MAX_COPY_ORDER = 8
 
 
+def _confidence_rows(value) -> tuple[tuple[float, ...], ...] | None:
+    """Copy confidences as rows per order; a flat list is the one row of a single order."""
+    if value is None:
+        return None
+    values = list(value)
+    if values and not isinstance(values[0], (list, tuple)):
+        return (tuple(float(c) for c in values),)
+    return tuple(tuple(float(c) for c in row) for row in values)
+
+
 @frozen
 class DraftConfig:
     """Shape and behaviour of a DSpark draft.
@@ -20,10 +30,11 @@ class DraftConfig:
     they are passed unchanged as ``hidden_layers`` to the target's forward.
     ``sts_temperatures`` holds one temperature per proposed position; the
     confidence of position j is ``sigmoid(logit_j / T_j)`` (all 1.0 = raw head).
-    ``copy_order`` > 0 puts copy proposals (prompt lookup over the last that
-    many tokens) in front of the draft's block; ``copy_confidences`` holds the
-    chance that copied token j is accepted once tokens 1..j-1 were, one value
-    per proposed position.
+    ``copy_order`` > 0 puts copy proposals (prompt lookup) in front of the
+    draft's block, matching the last ``copy_order`` tokens first and shorter
+    keys down to ``copy_min_order`` (default: ``copy_order`` alone).
+    ``copy_confidences`` holds, per order (longest first) and proposed
+    position, the chance that copied token j is accepted once tokens 1..j-1 were.
     """
 
     hidden_size: int
@@ -49,7 +60,8 @@ class DraftConfig:
     sample_from_anchor: bool = True
     sts_temperatures: tuple[float, ...] | None = field(default=None, converter=lambda v: None if v is None else tuple(float(x) for x in v))
     copy_order: int = 0
-    copy_confidences: tuple[float, ...] | None = field(default=None, converter=lambda v: None if v is None else tuple(float(x) for x in v))
+    copy_min_order: int | None = None
+    copy_confidences: tuple[tuple[float, ...], ...] | None = field(default=None, converter=_confidence_rows)
 
     def __attrs_post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -81,16 +93,27 @@ class DraftConfig:
                 bad("sts_temperatures must all be > 0")
         if not 0 <= self.copy_order <= MAX_COPY_ORDER:
             bad(f"copy_order must be 0 (no copies) .. {MAX_COPY_ORDER}, got {self.copy_order}")
+        if self.copy_min_order is not None and not 1 <= self.copy_min_order <= max(self.copy_order, 1):
+            bad(f"copy_min_order must be 1 .. copy_order ({self.copy_order}), got {self.copy_min_order}")
         if self.copy_confidences is not None:
-            if len(self.copy_confidences) != self.num_speculative_tokens:
-                bad(f"copy_confidences has {len(self.copy_confidences)} entries, expected {self.num_speculative_tokens} (one per proposed token)")
-            if any(not 0 < c <= 1 for c in self.copy_confidences):
-                bad(f"copy_confidences must lie in (0, 1], got {list(self.copy_confidences)}")
+            rows, k = len(self.copy_orders), self.num_speculative_tokens
+            if len(self.copy_confidences) != rows or any(len(row) != k for row in self.copy_confidences):
+                bad(f"copy_confidences must hold {rows} row(s) (one per copy order, longest first) of {k} values "
+                    f"(one per proposed token), got {[len(row) for row in self.copy_confidences]}")
+            if any(not 0 < c <= 1 for row in self.copy_confidences for c in row):
+                bad(f"copy_confidences must lie in (0, 1], got {[list(row) for row in self.copy_confidences]}")
 
     @property
     def num_speculative_tokens(self) -> int:
         """K: tokens proposed per block (the anchor slot proposes too when sample_from_anchor)."""
         return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    @property
+    def copy_orders(self) -> tuple[int, ...]:
+        """The key lengths copy proposals try, longest first (empty: no copies)."""
+        if self.copy_order <= 0:
+            return ()
+        return tuple(range(self.copy_order, (self.copy_min_order or self.copy_order) - 1, -1))
 
     @property
     def first_proposal_slot(self) -> int:

@@ -82,6 +82,7 @@ def config_from_speculators(cfg: dict[str, Any], path: Path) -> DraftConfig:
             sample_from_anchor=_sample_from_anchor(cfg, block),
             sts_temperatures=extras.get("sts_temperatures"),
             copy_order=int(extras.get("copy_order", 0)),
+            copy_min_order=None if extras.get("copy_min_order") is None else int(extras["copy_min_order"]),
             copy_confidences=extras.get("copy_confidences"),
         )
     except (TypeError, ValueError) as exc:
@@ -121,8 +122,10 @@ def config_to_speculators(c: DraftConfig, verifier: str | None = None) -> dict[s
         extras["sts_temperatures"] = list(c.sts_temperatures)
     if c.copy_order:
         extras["copy_order"] = c.copy_order
+    if c.copy_min_order is not None:
+        extras["copy_min_order"] = c.copy_min_order
     if c.copy_confidences is not None:
-        extras["copy_confidences"] = list(c.copy_confidences)
+        extras["copy_confidences"] = [list(row) for row in c.copy_confidences]
     if extras:
         data[PROJECT_KEY] = extras
     return data

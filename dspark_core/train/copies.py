@@ -14,47 +14,63 @@ from collections.abc import Iterable, Sequence
 
 from dspark_kernels.copy_lookup import copy_lookup_reference
 
-#: Fewest tries a position needs before its own rate is trusted; below that it takes the
-#: previous position's value (long copies are rare in a small held-out set).
+#: Fewest tries a cell (order, position) needs before its own rate is trusted; below that it
+#: takes the rate of all orders at that position, or the position before (long copies of long
+#: keys are rare in a small held-out set).
 MIN_TRIES = 20
 
 
-def copy_acceptance(sequences: Iterable[tuple[Sequence[int], Sequence[int]]], order: int, width: int) -> dict:
+def copy_acceptance(sequences: Iterable[tuple[Sequence[int], Sequence[int]]], orders: Sequence[int],
+                    width: int) -> dict:
     """Teacher-forced acceptance of copies over (prompt ids, greedy answer ids) pairs.
 
-    Returns ``anchors`` (anchors scanned), ``copied`` (anchors with a copy), ``tries[j]`` (copies
-    whose token j was verified: tokens 0..j-1 accepted and the copy that long), ``hits[j]`` (token
-    j accepted too) and ``confidences[j]``: hits / tries, the chance that copied token j is
-    accepted once 0..j-1 were (a sparse position takes the one before it)."""
-    tries, hits = [0] * width, [0] * width
-    anchors = copied = 0
+    ``orders`` are the key lengths tried, longest first, as the engine tries them. Returns
+    ``anchors`` (anchors scanned), ``copied`` (anchors with a copy, per order), ``tries[o][j]``
+    (copies of order index o whose token j was verified: tokens 0..j-1 accepted),
+    ``hits[o][j]`` (token j accepted too) and ``confidences[o][j]``: hits / tries, the chance that
+    copied token j is accepted once 0..j-1 were."""
+    orders = tuple(orders)
+    tries = [[0] * width for _ in orders]
+    hits = [[0] * width for _ in orders]
+    copied = [0] * len(orders)
+    anchors = 0
     for prompt, answer in sequences:
         tokens = list(prompt) + list(answer)
         for p in range(len(prompt), len(tokens) - 1):  # every anchor with at least one true next token
             anchors += 1
-            copy = copy_lookup_reference(tokens[: p + 1], order, width)
-            copied += bool(copy)
+            copy, order = copy_lookup_reference(tokens[: p + 1], orders, width)
+            if order is None:
+                continue
+            index = orders.index(order)
+            copied[index] += 1
             for j, token in enumerate(copy):
                 if p + 1 + j >= len(tokens):
                     break
-                tries[j] += 1
+                tries[index][j] += 1
                 if token != tokens[p + 1 + j]:
                     break
-                hits[j] += 1
-    confidences: list[float] = []
-    for j in range(width):
-        if tries[j] >= MIN_TRIES:
-            confidences.append(hits[j] / tries[j])
-        else:
-            confidences.append(confidences[-1] if confidences else 0.5)
-    # a stored confidence must lie in (0, 1]
-    confidences = [round(min(max(c, 0.01), 1.0), 4) for c in confidences]
-    return {"order": order, "anchors": anchors, "copied": copied, "tries": tries, "hits": hits,
+                hits[index][j] += 1
+    pooled_tries = [sum(t[j] for t in tries) for j in range(width)]
+    pooled_hits = [sum(h[j] for h in hits) for j in range(width)]
+    confidences = []
+    for row_tries, row_hits in zip(tries, hits):
+        row: list[float] = []
+        for j in range(width):
+            if row_tries[j] >= MIN_TRIES:
+                row.append(row_hits[j] / row_tries[j])
+            elif pooled_tries[j] >= MIN_TRIES:
+                row.append(pooled_hits[j] / pooled_tries[j])
+            else:
+                row.append(row[-1] if row else 0.5)
+        # a stored confidence must lie in (0, 1]
+        confidences.append([round(min(max(c, 0.01), 1.0), 4) for c in row])
+    return {"orders": list(orders), "anchors": anchors, "copied": copied, "tries": tries, "hits": hits,
             "confidences": confidences}
 
 
-def write_copy_settings(directory, order: int, confidences: Sequence[float]) -> None:
-    """Store ``copy_order`` and ``copy_confidences`` in a draft's config.json (beside the STS temperatures)."""
+def write_copy_settings(directory, orders: Sequence[int], confidences: Sequence[Sequence[float]]) -> None:
+    """Store ``copy_order``, ``copy_min_order`` and ``copy_confidences`` (one row per order) in a
+    draft's config.json, beside the STS temperatures."""
     import json
     from pathlib import Path
 
@@ -63,8 +79,8 @@ def write_copy_settings(directory, order: int, confidences: Sequence[float]) -> 
     path = Path(directory) / "config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     extras = config.setdefault(PROJECT_KEY, {})
-    extras["copy_order"] = int(order)
-    extras["copy_confidences"] = [float(c) for c in confidences]
+    extras["copy_order"], extras["copy_min_order"] = int(max(orders)), int(min(orders))
+    extras["copy_confidences"] = [[float(c) for c in row] for row in confidences]
     path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
@@ -85,7 +101,7 @@ def greedy_sequences(feats) -> list[tuple[list[int], list[int]]]:
 
 
 def with_copies(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], logits, hits, temperatures: Sequence[float],
-                order: int, copy_confidences: Sequence[float]):
+                orders: Sequence[int], copy_confidences: Sequence[Sequence[float]]):
     """Teacher-forced blocks as the engine proposes them with copies: confidences and hits ``[N, K]``.
 
     ``logits`` and ``hits`` are the draft's own blocks from
@@ -102,9 +118,9 @@ def with_copies(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], logits, hi
     for prompt, answer in pairs:
         tokens = list(prompt) + list(answer)
         for p in range(len(prompt), len(tokens) - width):
-            copy = copy_lookup_reference(tokens[: p + 1], order, width)
+            copy, order = copy_lookup_reference(tokens[: p + 1], tuple(orders), width)
             for j, token in enumerate(copy):
-                confidences[row, j] = copy_confidences[j]
+                confidences[row, j] = copy_confidences[list(orders).index(order)][j]
                 hits[row, j] = token == tokens[p + 1 + j]
             row += 1
     if row != len(hits):
