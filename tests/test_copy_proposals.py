@@ -269,3 +269,19 @@ def test_copy_acceptance_counts_tries_and_hits_per_position():
     assert report["tries"] == [[2, 0, 0], [2, 2, 0]] and report["hits"] == [[0, 0, 0], [2, 0, 0]]
     # fewer than MIN_TRIES everywhere: each cell falls back to the position before (0.5 to start)
     assert report["confidences"] == [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]
+
+
+def test_bench_both_adds_a_nocopy_twin_per_drafting_policy():
+    from dspark_core.commands.bench import with_and_without_copies
+    from dspark_core.plugins import default_hooks
+
+    hooks = default_hooks()
+    policies = {"adaptive": hooks.budget_policy("adaptive", {}), "none": hooks.budget_policy("none", {}),
+                "fixed-k3": hooks.budget_policy("fixed", {"k": 3})}
+    copies = with_and_without_copies(policies)
+    assert list(policies) == ["adaptive", "none", "fixed-k3", "adaptive-nocopy", "fixed-k3-nocopy"]
+    assert copies == {"adaptive": True, "adaptive-nocopy": False, "none": False, "fixed-k3": True,
+                      "fixed-k3-nocopy": False}
+    assert policies["adaptive-nocopy"] is not policies["adaptive"]  # its own state
+    with pytest.raises(ConfigError, match="'adaptive-nocopy' is already a policy"):
+        with_and_without_copies({"adaptive": policies["adaptive"], "adaptive-nocopy": policies["none"]})
