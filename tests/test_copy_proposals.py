@@ -217,6 +217,9 @@ def test_copy_settings_follow_the_draft_config_and_the_mode(models):
     class Holder:
         config = fitted
 
+        def propose(self, anchors, positions, slots, prefix=None, prefix_lengths=None):
+            raise AssertionError("copy_settings only reads the signature")
+
     assert copy_settings(Holder(), "auto", 5) == ((3, 2), [[0.9, 0.8, 0.7, 0.6, 0.5], [0.5] * 5])
     assert copy_settings(Holder(), "on", 5)[0] == (3, 2)
     assert copy_settings(Holder(), "off", 5) == ((), [])
@@ -285,3 +288,12 @@ def test_bench_both_adds_a_nocopy_twin_per_drafting_policy():
     assert policies["adaptive-nocopy"] is not policies["adaptive"]  # its own state
     with pytest.raises(ConfigError, match="'adaptive-nocopy' is already a policy"):
         with_and_without_copies({"adaptive": policies["adaptive"], "adaptive-nocopy": policies["none"]})
+
+
+def test_a_draft_that_cannot_take_copies_is_refused_by_name(models):
+    from engine_support import DraftDouble
+
+    _, draft = models
+    with pytest.raises(ConfigError, match="DraftDouble cannot start its block with copied tokens"):
+        copy_settings(DraftDouble(draft), "on", 5)
+    assert copy_settings(DraftDouble(draft), "auto", 5) == ((), [])  # its config asks for none: fine
