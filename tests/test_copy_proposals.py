@@ -22,14 +22,12 @@ from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, ModelError
 from dspark_core.graphs import static_shapes
 from dspark_core.models.draft_config import DraftConfig
-from dspark_core.models.random_models import random_draft, random_target, tiny_target_config
 from dspark_core.models.speculators_io import config_from_speculators, config_to_speculators
 from dspark_kernels.copy_lookup import copy_lookup, copy_lookup_reference
-from engine_support import greedy_references, random_prompts, synthetic_table
+from engine_support import greedy_references, random_prompts, synthetic_table, tiny_pair
 
 MAX_TOKENS = 40
 BUCKETS = (1, 2, 4, 8, 16)
-CFG = tiny_target_config(max_position=256)
 
 
 # -- the kernel ------------------------------------------------------------------------------
@@ -77,9 +75,7 @@ def test_lookup_prefers_long_keys_takes_the_latest_occurrence_and_repeats_before
 
 @pytest.fixture(scope="module")
 def models():
-    target = random_target(CFG, seed=11, dtype=torch.float64)
-    draft = random_draft(CFG, seed=11, block_size=7).to(torch.float64)
-    return target, draft
+    return tiny_pair(seed=11)
 
 
 @pytest.fixture(scope="module")

@@ -39,25 +39,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--json", action="store_true", help="Print one JSON object.")
 
 
+def read_heldout(heldout: Path):
+    """The held-out data: a features file from train-draft (``.pt``: the features, and its sequences
+    cut to the target's greedy path) or a generations JSONL (no features, its greedy sequences)."""
+    from dspark_core.train.copies import greedy_sequences
+    from dspark_core.train.data import read_generations
+
+    if heldout.suffix != ".pt":
+        return None, read_generations(heldout)
+    import torch
+
+    from dspark_core.train.features import FeatureSet
+
+    feats = FeatureSet(**torch.load(heldout, weights_only=True))
+    return feats, greedy_sequences(feats)
+
+
 def calibrate(draft_dir: Path, target, heldout: Path, *, output: Path | None = None, bins: int = 15, offset: bool = False,
               copy_orders: tuple[int, ...] = ()) -> dict:
     """Fit, write and report (ECE per position before/after; with ``copy_orders``, the copies' acceptance)."""
     from dspark_core.models.speculators_io import load_draft
     from dspark_core.train import sts
-    from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
-    from dspark_core.train.data import read_generations
+    from dspark_core.train.copies import copy_acceptance, write_copy_settings
     from dspark_core.train.evaluate import block_confidences, confidences_from_features
-    from dspark_core.train.features import FeatureSet
 
     draft = load_draft(draft_dir, device=getattr(target, "device", "cpu"))
-    if heldout.suffix == ".pt":  # features saved by train-draft: no target pass needed
-        import torch
-
-        feats = FeatureSet(**torch.load(heldout, weights_only=True))
+    feats, pairs = read_heldout(heldout)
+    if feats is not None:  # features saved by train-draft: no target pass needed
         logits, hits = confidences_from_features(draft.bind_target(target), feats)
-        pairs = greedy_sequences(feats)
     else:
-        pairs = read_generations(heldout)
         logits, hits = block_confidences(draft, target, pairs)
     if len(logits) == 0:
         raise ModelError(f"{heldout}: no complete blocks to calibrate on")
@@ -90,22 +100,13 @@ def copy_orders_of(args: argparse.Namespace) -> tuple[int, ...]:
 def calibrate_copies(draft_dir: Path, heldout: Path, orders: tuple[int, ...], *, output: Path | None = None) -> dict:
     """Fit and write the copy confidences alone, from greedy generations or a features file."""
     from dspark_core.models.speculators_io import read_draft_config
-    from dspark_core.train.copies import copy_acceptance, greedy_sequences, write_copy_settings
-    from dspark_core.train.data import read_generations
+    from dspark_core.train.copies import copy_acceptance, write_copy_settings
     from dspark_core.train.sts import checkpoint_to_update
 
     if not orders:
         raise ModelError("--copies_only needs --copy_order >= 1")
     width = read_draft_config(draft_dir).num_speculative_tokens
-    if heldout.suffix == ".pt":
-        import torch
-
-        from dspark_core.train.features import FeatureSet
-
-        pairs = greedy_sequences(FeatureSet(**torch.load(heldout, weights_only=True)))
-    else:
-        pairs = read_generations(heldout)
-    copies = copy_acceptance(pairs, orders, width)
+    copies = copy_acceptance(read_heldout(heldout)[1], orders, width)
     if copies["anchors"] == 0:
         raise ModelError(f"{heldout}: no answer tokens to measure copies on")
     written = checkpoint_to_update(draft_dir, output)

@@ -71,17 +71,10 @@ def copy_acceptance(sequences: Iterable[tuple[Sequence[int], Sequence[int]]], or
 def write_copy_settings(directory, orders: Sequence[int], confidences: Sequence[Sequence[float]]) -> None:
     """Store ``copy_order``, ``copy_min_order`` and ``copy_confidences`` (one row per order) in a
     draft's config.json, beside the STS temperatures."""
-    import json
-    from pathlib import Path
+    from dspark_core.train.sts import update_project_settings
 
-    from dspark_core.models.speculators_io import PROJECT_KEY
-
-    path = Path(directory) / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    extras = config.setdefault(PROJECT_KEY, {})
-    extras["copy_order"], extras["copy_min_order"] = int(max(orders)), int(min(orders))
-    extras["copy_confidences"] = [[float(c) for c in row] for row in confidences]
-    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    update_project_settings(directory, {"copy_order": int(max(orders)), "copy_min_order": int(min(orders)),
+                                        "copy_confidences": [[float(c) for c in row] for row in confidences]})
 
 
 def greedy_sequences(feats) -> list[tuple[list[int], list[int]]]:
@@ -106,22 +99,22 @@ def with_copies(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], logits, hi
 
     ``logits`` and ``hits`` are the draft's own blocks from
     :func:`dspark_core.train.evaluate.block_confidences` over the same greedy ``pairs`` (one row
-    per anchor p with p + K inside the sequence, in order). Where a copy exists, its tokens replace
-    the first positions with their hits and the copy confidences; the rest keep the draft's
-    (teacher forced, the draft's later tokens see the true prefix either way)."""
+    per anchor p with p + K inside the sequence, in order). Where a copy exists it fills the block
+    (it repeats at the anchor), so its hits and its key length's confidences replace the draft's;
+    elsewhere the draft's own stay."""
     import numpy as np
 
-    width = logits.shape[1]
+    width, orders = logits.shape[1], tuple(orders)
     confidences = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64) / np.asarray(temperatures)[None, :]))
     hits = np.array(hits, dtype=bool)
     row = 0
     for prompt, answer in pairs:
         tokens = list(prompt) + list(answer)
         for p in range(len(prompt), len(tokens) - width):
-            copy, order = copy_lookup_reference(tokens[: p + 1], tuple(orders), width)
-            for j, token in enumerate(copy):
-                confidences[row, j] = copy_confidences[list(orders).index(order)][j]
-                hits[row, j] = token == tokens[p + 1 + j]
+            copy, order = copy_lookup_reference(tokens[: p + 1], orders, width)
+            if order is not None:
+                confidences[row] = copy_confidences[orders.index(order)]
+                hits[row] = np.array(copy) == np.array(tokens[p + 1 : p + 1 + width])
             row += 1
     if row != len(hits):
         raise ValueError(f"{row} anchors in the pairs, {len(hits)} blocks: not the same sequences")

@@ -143,16 +143,23 @@ def write_temperatures(directory, temperatures, *, output=None):
 
     With ``output`` the checkpoint is copied there first and the copy is updated.
     """
+    dst = checkpoint_to_update(directory, output)
+    update_project_settings(dst, {"sts_temperatures": [round(float(t), 6) for t in temperatures]})
+    return dst
+
+
+def update_project_settings(directory, values: dict) -> None:
+    """Set ``values`` under the project's own key (``dspark_core``) of a draft's config.json, keeping
+    everything else in it."""
     import json
+    from pathlib import Path
 
     from dspark_core.models.speculators_io import PROJECT_KEY
 
-    dst = checkpoint_to_update(directory, output)
-    cfg_path = dst / "config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg.setdefault(PROJECT_KEY, {})["sts_temperatures"] = [round(float(t), 6) for t in temperatures]
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    return dst
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.setdefault(PROJECT_KEY, {}).update(values)
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def checkpoint_to_update(directory, output=None):
