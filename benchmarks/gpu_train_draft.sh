@@ -41,11 +41,11 @@ PY
   tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
   train=$(du -cb .gpu/train | tail -1 | cut -f1)
   room=$(( 64 * 1048576 - tree - 1048576 ))  # 1 MiB to spare
-  size=$(( room - 600000 ))  # part-0 also carries the wheels
-  parts=$(( ($(stat -c %s "$model") + size - 1) / size ))
-  last=$(( $(stat -c %s "$model") - (parts - 1) * size ))
-  [ $(( last + train )) -le "$room" ] || parts=$(( parts + 1 ))
-  size=$(( ($(stat -c %s "$model") + parts - 1) / parts ))
+  bytes=$(stat -c %s "$model")
+  # as few parts as fit: full parts first (part-0 also carries the wheels), the remainder last, beside .gpu/train
+  size=$(( room - 600000 ))
+  last=$(( bytes - (bytes - 1) / size * size ))
+  [ $(( last + train )) -le "$room" ] || size=$(( (bytes + (bytes - 1) / size + 1) / ((bytes - 1) / size + 2) ))
   rm -f .gpu/part-*; split -b "$size" -d -a 1 "$model" .gpu/part-
   ls .gpu/part-* | wc -l > .gpu/whl/model.parts
   du -sh .gpu/train .gpu/part-* .gpu/whl

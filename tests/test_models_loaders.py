@@ -107,6 +107,21 @@ def test_chatml_fallback_matches_jinja_and_keeps_default_system():
         render_chatml("{{ bos_token }}{{ messages[0]['content'] }}", msgs)
 
 
+def test_jinja_template_compiled_once_and_refusals_named():
+    pytest.importorskip("jinja2")
+    from dspark_core.models.tokenizer import _compiled_template, render_jinja
+
+    template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}" + CHATML
+    before = _compiled_template.cache_info()
+    for word in ("one", "two", "three"):
+        text = render_jinja(template, [{"role": "user", "content": word}], True, {})
+        assert text == f"<|im_start|>user\n{word}<|im_end|>\n<|im_start|>assistant\n"
+    after = _compiled_template.cache_info()
+    assert after.misses - before.misses == 1 and after.hits - before.hits == 2  # compiled on first use only
+    with pytest.raises(ModelError, match="chat template refused the conversation: no system turns"):
+        render_jinja(template, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}], True, {})
+
+
 def test_gguf_errors(tmp_path, tensors):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" + b"\0" * 64)

@@ -61,8 +61,10 @@ def test_resume_continues_from_the_checkpoint(tmp_path):
     _, _, straight, _ = run_pipeline(opts, progress=False, log=lambda m: None)
     other = tmp_path / "two-legs"
     run_pipeline(tiny_options(other, steps=6), progress=False, log=lambda m: None)
-    _, _, resumed, _ = run_pipeline(tiny_options(other, steps=12), progress=False, log=lambda m: None)
+    said: list[str] = []
+    _, _, resumed, _ = run_pipeline(tiny_options(other, steps=12), progress=False, log=said.append)
     assert len(resumed) == 12
+    assert any(m.startswith(f"resuming {other / 'checkpoint.pt'} at step 6 ") for m in said)  # the log says so
     assert resumed[:6] == pytest.approx(straight[:6])  # same seed: same data order and init
 
 
