@@ -42,10 +42,13 @@ PY
   train=$(du -cb .gpu/train | tail -1 | cut -f1)
   room=$(( 64 * 1048576 - tree - 1048576 ))  # 1 MiB to spare
   bytes=$(stat -c %s "$model")
-  # as few parts as fit: full parts first (part-0 also carries the wheels), the remainder last, beside .gpu/train
+  # as few parts as fit: full parts first (part-0 also carries the wheels), the remainder last, beside .gpu/train;
+  # if the remainder and the extract do not fit one call, one part more, all of equal size
   size=$(( room - 600000 ))
-  last=$(( bytes - (bytes - 1) / size * size ))
-  [ $(( last + train )) -le "$room" ] || size=$(( (bytes + (bytes - 1) / size + 1) / ((bytes - 1) / size + 2) ))
+  parts=$(( (bytes + size - 1) / size ))
+  while [ $(( bytes - (parts - 1) * size + train )) -gt "$room" ]; do
+    parts=$(( parts + 1 )); size=$(( (bytes + parts - 1) / parts ))
+  done
   rm -f .gpu/part-*; split -b "$size" -d -a 1 "$model" .gpu/part-
   ls .gpu/part-* | wc -l > .gpu/whl/model.parts
   du -sh .gpu/train .gpu/part-* .gpu/whl

@@ -350,7 +350,7 @@ def test_sharegpt_pairs_and_extract(tmp_path):
     assert data.sharegpt_prompts(extract, limit=100) == prompts
     with gzip.open(extract, "rt") as f:
         assert json.loads(f.readline()) == {"prompt": "Question number 0, please answer it.", "answer": "Answer 0."}
-    # an evaluation set kept out: every record of its prompts goes (the duplicate of 3 too), the rest stays in order
+    # an evaluation set kept out: every record of its prompts goes (the duplicate of 3 too), every other one stays
     kept_out = {"Question number 3, please answer it.", "Question number 7, please answer it."}
     smaller = tmp_path / "y.jsonl.gz"
     assert data.write_sharegpt_extract(smaller, wheel, exclude=kept_out) == 10

