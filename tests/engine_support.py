@@ -44,6 +44,18 @@ def synthetic_table(width: int, buckets: tuple[int, ...], *, per_row: float = 0.
     return CostTable(width, "additive", [IntervalFit(settings.contexts[0], table.fits[0].cost)])
 
 
+def draft_off_table(width: int, buckets: tuple[int, ...], *, off_seconds: float = 0.012, per_row: float = 0.001,
+                    model: str = "additive"):
+    """A calibrated-looking table with draft-off costs: a drafted step of G rows costs 20 ms +
+    ``per_row`` per row, a draft-off step ``off_seconds`` + 0.5 ms per request."""
+    samples = [CostSample(b, g, 0, 4 * (0.02 + per_row * g), 4) for b in buckets for g in legal_tiers(b, width)]
+    samples += [CostSample(b, b, 0, 4 * (off_seconds + 0.0005 * b), 4, draft_off=True) for b in buckets]
+    settings = CalibrationSettings(model=model, draft_width=width, request_buckets=buckets,
+                                   contexts=(ContextInterval(64, 1, 4096),), warmup_steps=1, window_steps=4,
+                                   windows_per_point=1, token_seed=1)
+    return fit_table(settings, samples, default_lookup())
+
+
 class DraftDouble:
     """Base of the test doubles: a real draft does the work (context, proposal shapes);
     subclasses rewrite what ``propose`` returns."""

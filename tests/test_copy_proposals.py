@@ -171,7 +171,7 @@ def test_captured_keys_with_copies_equal_eager(models, prompts, references, over
     backend = StandInCapturedBackend("cpu")
     captured, out_captured = run(target, draft, prompts, "adaptive", graphs=backend, overlap=overlap)
     eager, out_eager = run(target, draft, prompts, "adaptive", overlap=overlap)
-    assert {k.stage for k in backend.keys} == {"propose", "propose+copy", "verify", "verify+context"}
+    assert {k.stage for k in backend.keys} == {"propose", "propose+copy", "copy", "verify", "verify+context"}
     assert [list(o.token_ids) for o in out_captured] == references
     # the same proposals, so the same budgets and acceptances step by step
     assert [o.verify_widths for o in out_captured] == [o.verify_widths for o in out_eager]

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
 from dspark_core.costs.base import CostSample, draft_off_seconds, pool_samples
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.engine import Engine, EngineConfig
@@ -16,21 +15,16 @@ from dspark_core.errors import ConfigError, TableError
 from dspark_core.geometry import Geometry, legal_tiers
 from dspark_core.plugins import default_hooks
 from dspark_core.policy import TierContext
-from dspark_core.table import default_lookup, fit_table, loads_table, dumps_table
-from engine_support import DraftDouble, greedy_references, random_prompts, tiny_pair
+from dspark_core.table import default_lookup, loads_table, dumps_table
+from engine_support import DraftDouble, draft_off_table, greedy_references, random_prompts, tiny_pair
 
 WIDTH = 5
 PHASE = 24  # generated tokens per quality phase of the switching draft
 
 
 def table_with_draft_off(buckets=(1, 2, 4), *, off_seconds=0.012, model="additive"):
-    """A calibrated-looking table: drafting steps cost 20 ms + 1 ms per row, draft-off steps ``off_seconds``."""
-    samples = [CostSample(b, g, 0, 4 * (0.02 + 0.001 * g), 4) for b in buckets for g in legal_tiers(b, WIDTH)]
-    samples += [CostSample(b, b, 0, 4 * (off_seconds + 0.0005 * b), 4, draft_off=True) for b in buckets]
-    settings = CalibrationSettings(model=model, draft_width=WIDTH, request_buckets=buckets,
-                                   contexts=(ContextInterval(64, 1, 4096),), warmup_steps=1, window_steps=4,
-                                   windows_per_point=1, token_seed=1)
-    return fit_table(settings, samples, default_lookup())
+    """Drafting steps cost 20 ms + 1 ms per row, draft-off steps ``off_seconds`` (+ 0.5 ms per request)."""
+    return draft_off_table(WIDTH, buckets, off_seconds=off_seconds, model=model)
 
 
 # -- cost models -------------------------------------------------------------------------

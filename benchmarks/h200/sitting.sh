@@ -70,7 +70,8 @@ part exactness-float32 240 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dt
 
 part bench-k7 270 "$CLI" bench --device="$DEVICE" --calibration="$CALIBRATION" --max_seqs_per_batch="$MAX_SEQS" \
     --prompts="$PROMPTS_FILE" --concurrency="$CONCURRENCY" --prompts_per_concurrency="$PER_CONCURRENCY" \
-    --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --json
+    --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --json \
+    --policy_variants='{"adaptive-nocopysteps": ["adaptive", {"copy_steps": false}]}'
 
 TABLE=()
 [ -f "$OUT/bench-k7/cost-table.json" ] && TABLE=(--cost_table "$OUT/bench-k7/cost-table.json")

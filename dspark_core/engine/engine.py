@@ -59,7 +59,7 @@ class Engine:
         self.stages = StepStages(self.hooks)  # plugins registered later do not change a built engine
         self.tokenizer = getattr(target, "tokenizer", None)
         self.stops = StopChecker(tuple(target.config.eos_token_ids), self.tokenizer)
-        self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
+        self._steps = self._fallbacks = self._committed = self._draft_off_steps = self._copy_steps = 0
         self._pending_release: set[int] = set()  # finished slots a launched step may still write
         self._observers: list[Callable[[StepReport], None]] = []
         self.work = StartupWork()
@@ -106,7 +106,7 @@ class Engine:
 
     def reset_counters(self) -> None:
         """Zero the step counters (calibration steps are not serving steps)."""
-        self._steps = self._fallbacks = self._committed = self._draft_off_steps = 0
+        self._steps = self._fallbacks = self._committed = self._draft_off_steps = self._copy_steps = 0
 
     def install_table(self, table) -> None:
         """Install an immutable cost table before serving."""
@@ -248,12 +248,14 @@ class Engine:
             ctx = step.tier_context
             self._steps += 1
             self._fallbacks += int(result.choice.fallback)
-            self._draft_off_steps += int(not result.drafted)
+            self._draft_off_steps += int(result.choice.draft_off)
+            self._copy_steps += int(result.choice.copy_only)
             report = StepReport(len(job.requests), ctx.request_bucket, result.choice.rows,
                                 tuple(result.lengths), tuple(result.accepted), result.choice.fallback,
                                 result.choice.predicted_tokens, sum(a + 1 for a in result.accepted),
-                                ctx.tiers, ctx.tier_costs, draft_off=not result.drafted,
-                                draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale)
+                                ctx.tiers, ctx.tier_costs, draft_off=result.choice.draft_off,
+                                draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale,
+                                copy_only=result.choice.copy_only)
             observe_step(step.policy, report)
             if result.drafted:
                 self.planner.record_population(step.index, result.confidences)
@@ -267,7 +269,8 @@ class Engine:
                 stats.drafted_verified += result.lengths[i]
                 stats.drafted_accepted += result.accepted[i]
                 stats.verify_widths.append(result.lengths[i])
-                stats.draft_off_steps += int(not result.drafted)
+                stats.draft_off_steps += int(result.choice.draft_off)
+                stats.copy_steps += int(result.choice.copy_only)
                 if result.drafted:
                     remember(request, step.index, result.confidences[i])
                 self._append(request, result.committed[i][: result.accepted[i] + 1], finished)
@@ -307,7 +310,7 @@ class Engine:
 
     @property
     def counters(self) -> EngineCounters:
-        return EngineCounters(self._steps, self._fallbacks, self._committed, self._draft_off_steps)
+        return EngineCounters(self._steps, self._fallbacks, self._committed, self._draft_off_steps, self._copy_steps)
 
     def close(self) -> None:
         """Stop the device executor (pending work finishes first)."""

@@ -85,8 +85,10 @@ class StepPlanner:
         padding = bucket - n
         bucket_slots = host_to_device([r.slot for r in running] + [self.runner.scratch_slot] * padding, device)
         bucket_caps = host_to_device(np.concatenate([cap_values, np.full(padding, -1, dtype=np.int64)]), device)
+        # a draft-off step still looks for copies when the policy asks for copy steps
+        copy_only = not plan.draft and self.runner.copies_on and bool(getattr(policy, "copy_steps", False))
         step = DecodeStep(self.runner, self.storage, policy, ctx, bucket_slots[:n], bucket_caps[:n],
-                          host_caps=cap_values, draft=plan.draft, index=index,
+                          host_caps=cap_values, draft=plan.draft, copy_only=copy_only, index=index,
                           bucket_slots=bucket_slots, bucket_caps=bucket_caps)
         if lag > 0:
             step.tier_confidences = known

@@ -42,9 +42,10 @@ class StepReport:
     committed_tokens: int  # tokens actually committed (including ones cut by stop conditions)
     tiers: tuple[int, ...] = ()  # captured tiers of the bucket
     tier_costs: Any = None  # their calibrated seconds (None: no profile) — for model-based accounting
-    draft_off: bool = False  # the step ran no draft
+    draft_off: bool = False  # the step ran no draft and verified nothing (one token per request)
     draft_off_cost: float | None = None  # calibrated seconds of a draft-off step of this bucket
     forecast_scale: float = 1.0  # the scale the policy applied to the confidences' expectation
+    copy_only: bool = False  # the step ran no draft but verified copy proposals (a copy step)
 
 
 @define
@@ -63,3 +64,4 @@ class EngineCounters:
     fallback_steps: int
     committed_tokens: int
     draft_off_steps: int = 0
+    copy_steps: int = 0  # draft-off steps that verified copy proposals

@@ -43,6 +43,7 @@ class RequestStats:
     drafted_accepted: int = 0
     verify_widths: list[int] = field(factory=list)
     draft_off_steps: int = 0  # steps that ran no draft (one token committed)
+    copy_steps: int = 0  # steps that ran no draft but verified copy proposals
 
     @property
     def acceptance(self) -> float:
@@ -98,7 +99,8 @@ class RequestOutput:
     acceptance: float
     accepted_length: float
     verify_widths: tuple[int, ...]
-    draft_off_steps: int = 0  # steps that ran no draft
+    draft_off_steps: int = 0  # steps that ran no draft and verified nothing
+    copy_steps: int = 0  # steps that ran no draft but verified copy proposals
 
 
 def make_output(request: Request) -> RequestOutput:
@@ -106,4 +108,4 @@ def make_output(request: Request) -> RequestOutput:
     s = request.stats
     return RequestOutput(request.request_id, len(request.prompt), tuple(request.output), request.text,
                          request.finish_reason or "length", s.steps, s.acceptance, s.accepted_length,
-                         tuple(s.verify_widths), s.draft_off_steps)
+                         tuple(s.verify_widths), s.draft_off_steps, s.copy_steps)

@@ -152,6 +152,28 @@ class ModelRunner:
         tokens, confidences = self.graphs.run(self.proposal_key(request_bucket, self.copies_on), {"slot_ids": bucket_slots})
         return tokens, confidences
 
+    def copy_bucket(self, bucket_slots: torch.Tensor, request_bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy proposals alone, without the draft (a copy step): the bucket's ``copy`` key on slots
+        padded to it, or eagerly without a graph backend. A slot without a match gets zeros as tokens
+        and as confidences, so no budget is spent on it."""
+        if self.graphs is None:
+            return self._copy_fn(bucket_slots)
+        tokens, confidences = self.graphs.run(self.copy_key(request_bucket), {"slot_ids": bucket_slots})
+        return tokens, confidences
+
+    def copy_key(self, request_bucket: int) -> BindingKey:
+        return BindingKey(self.draft_width, request_bucket, 0, str(self.target.dtype).removeprefix("torch."),
+                          str(self.device), stage="copy")
+
+    def _copy_fn(self, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The copy key: the copy lookup over slot storage and the fitted confidences of the order that
+        matched (the no-match row is zeros). The draft's context is not touched, so the rows queued
+        for it stay queued."""
+        live = slot_ids != self.scratch_slot
+        copied, _, order_index = self.storage.copies(slot_ids, self.copy_orders)
+        order_index = torch.where(live, order_index, len(self.copy_orders))
+        return torch.where(live.unsqueeze(1), copied, 0), self.copy_confidences[order_index]
+
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """K drafted tokens and their confidences from explicit anchors, eagerly (no graph key, nothing
@@ -325,9 +347,12 @@ class ModelRunner:
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
         for bucket in geometry.request_buckets:
             if self.draft is not None:
+                scratch = {"slot_ids": as_long([self.scratch_slot] * bucket)}
                 for copies in (False, True) if self.copy_orders else (False,):
                     self.graphs.prepare(self.proposal_key(bucket, copies), partial(self._propose_fn, copies=copies),
-                                        {"slot_ids": as_long([self.scratch_slot] * bucket)})
+                                        scratch)
+                if self.copy_orders:
+                    self.graphs.prepare(self.copy_key(bucket), self._copy_fn, scratch)
             no_requests = torch.zeros(0, self.draft_width, device=self.device)
             example = self.verify_inputs(no_requests.long(), as_long([]), no_requests, as_long([]), as_long([]), bucket)
             for rows in geometry.rows_for(bucket):

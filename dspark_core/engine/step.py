@@ -27,11 +27,11 @@ import torch
 
 from attrs import define, frozen
 
-from dspark_core.engine.runner import ModelRunner, pack_host_result
+from dspark_core.engine.runner import ModelRunner, pack_host_result, pad_to
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, draft_off_choice, reads_confidences,
-                                split_rows)
+from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, copy_step_choice, draft_off_choice,
+                                reads_confidences, split_rows)
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 
@@ -102,6 +102,9 @@ class DecodeStep:
     tier_confidences: np.ndarray | None = None
     # False: a draft-off step (the policy's plan): no proposal, one target row per request
     draft: bool = True
+    # a draft-off step that still looks up copy proposals (no draft forward) and verifies them where
+    # they pay (see :func:`~dspark_core.policy.copy_step_choice`); only with ``draft`` False
+    copy_only: bool = False
     index: int = 0  # the engine's decode-step counter when the step was built
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
@@ -120,14 +123,20 @@ class StepResult:
 
     @property
     def drafted(self) -> bool:
-        """False for a draft-off step (its confidences are zeros, not a proposal)."""
-        return not self.choice.draft_off
+        """Whether the draft proposed this step's block: False for a draft-off step and a copy step
+        (their confidences are zeros or copies, not the draft's)."""
+        return not (self.choice.draft_off or self.choice.copy_only)
 
 
 def propose(step: DecodeStep) -> Proposal:
     """Draft K tokens per request (zeros when the policy runs no draft, or not this step)."""
     n, width = step.slots.shape[0], step.runner.draft_width
     rows = n if step.bucket_slots is None else step.bucket_slots.shape[0]
+    if step.copy_only and not step.draft:
+        bucket = step.tier_context.request_bucket
+        slots = step.bucket_slots if step.bucket_slots is not None else pad_to(step.slots, bucket, step.runner.scratch_slot)
+        copied, copy_confidences = step.runner.copy_bucket(slots, bucket)
+        return Proposal(copied[:n], copy_confidences[:n], copied, copy_confidences)
     if not step.draft or not step.policy.uses_draft:
         zeros = torch.zeros(rows, width, dtype=torch.int64, device=step.slots.device)
         zero_confidences = torch.zeros(rows, width, dtype=torch.float32, device=step.slots.device)
@@ -152,6 +161,15 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
     :func:`~dspark_core.policy.allocate_split` leaves it to the verify key (``Budget.lengths`` None).
     """
     policy = step.policy
+    if not step.draft and step.copy_only:  # the draft is off, the copies it found are priced
+        caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
+        choice = copy_step_choice(step.tier_context, proposal.confidences.cpu().numpy().astype(np.float64), caps)
+        if choice.draft_off:
+            return Budget(choice, torch.zeros_like(step.caps))
+        if split_in_verify:
+            return Budget(choice, None)
+        return Budget(choice, allocate_split(step.runner.kernels, proposal.confidences, step.caps, choice,
+                                             step.tier_context.request_bucket))
     if not step.draft:  # the plan turned the draft off: anchors only, nothing to split
         return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
     tier_confidences = step.tier_confidences

@@ -59,8 +59,10 @@ class ServerMetrics:
                                       buckets=token_buckets, registry=r)
         self.fallbacks = Counter(f"{p}_full_width_fallbacks", "Decode steps that fell back to full-width verification",
                                  registry=r)
-        self.draft_off = Counter(f"{p}_draft_off_steps", "Decode steps the budget policy ran without the draft",
-                                 registry=r)
+        self.draft_off = Counter(f"{p}_draft_off_steps",
+                                 "Decode steps the budget policy ran without the draft, verifying nothing", registry=r)
+        self.copy_steps = Counter(f"{p}_copy_steps",
+                                  "Decode steps run without the draft that verified copy proposals", registry=r)
         step_buckets = tuple(float(x) for x in (1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.predicted = Histogram(f"{p}_step_predicted_tokens",
                                    "Tokens per step the budget policy forecast (steps with a forecast)",
@@ -99,6 +101,8 @@ class ServerMetrics:
             self.fallbacks.inc()
         if report.draft_off:
             self.draft_off.inc()
+        if report.copy_only:
+            self.copy_steps.inc()
         if not math.isnan(report.predicted_tokens):
             self.predicted.observe(report.predicted_tokens)
             self.realized.observe(report.committed_tokens)

@@ -22,6 +22,10 @@ Two things keep adaptive from ever losing to target-only decoding:
   the drafted tokens it expected and the ones the target accepted, decayed per
   drafted step, and scales the expectation by their ratio.
 
+With ``copy_steps``, a draft-off step still looks up copy proposals (the text the
+request already holds, no draft forward) and verifies those that the table says
+pay; such a step teaches the policy nothing about the draft.
+
 While the draft is off nothing new is learnt, so every so often the policy
 drafts anyway (a *probe*) and judges that step with the raw confidences. The
 gap between probes doubles after each probe that finds drafting still not
@@ -166,6 +170,9 @@ class AdaptivePolicy:
     # realized rule: the draft goes off only while the measured mean stays below 1 by more than
     # this many standard errors of it
     draft_off_margin: float = DEFAULT_DRAFT_OFF_MARGIN
+    # a draft-off step still looks up copy proposals and verifies them where the table says they pay
+    # (copy steps, :func:`~dspark_core.policy.copy_step_choice`; needs a launch with copies; one rank)
+    copy_steps: bool = True
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,8 +230,8 @@ class AdaptivePolicy:
 
     def observe(self, report: StepReport) -> None:
         """Learn realized / expected drafted tokens, and what drafting bought, from a processed step."""
-        if report.draft_off or report.fallback or not np.isfinite(report.predicted_tokens):
-            return
+        if report.draft_off or report.copy_only or report.fallback or not np.isfinite(report.predicted_tokens):
+            return  # a copy step says nothing about the draft
         ratio = _drafting_advantage(report)
         if ratio is not None:
             self.learning.record_advantage(report.request_bucket, ratio)
@@ -267,7 +274,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
                              "probe_budget", "draft_off_rule", "draft_off_margin", "realized_decay",
-                             "realized_prior_steps"})
+                             "realized_prior_steps", "copy_steps"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -294,4 +301,5 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
                           learning=DraftLearning(advantage_decay=float(decay), advantage_prior_steps=float(prior)),
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
+                          copy_steps=_flag(name, options, "copy_steps", True),
                           max_probe_interval=interval, probe_budget=float(budget))
