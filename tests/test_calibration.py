@@ -182,11 +182,11 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     engine.close()
 
     # reuse: warmup again, but no probing and no fit; with copy proposals turned on, each bucket
-    # also prepares its propose+copy key
+    # also prepares its propose+copy key and its copy key (copy steps)
     engine2, table2, audits2 = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}",
                                                  "--copy_proposals=on"))
     work2 = engine2.work_counters()
-    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2 + 2
+    assert work2["profiling_runs"] == 0 and work2["fits"] == 0 and work2["warmups"] == 17 + 2 + 2 + 2 + 2
     assert audits2[0]["copy_orders"] == [6, 5, 4, 3, 2]
     assert table2 == table and engine2.table == table
     assert audits2[0]["source"] == "saved table" and audits2[0]["saved_settings"]["window_steps"] == 2
