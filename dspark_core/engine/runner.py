@@ -168,11 +168,10 @@ class ModelRunner:
     def _copy_fn(self, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy key: the copy lookup over slot storage and the fitted confidences of the order that
         matched (the no-match row is zeros). The draft's context is not touched, so the rows queued
-        for it stay queued."""
-        live = slot_ids != self.scratch_slot
+        for it stay queued. Rows of empty bucket entries (the scratch slot) are left as they come: those
+        entries have cap -1, so nothing reads them."""
         copied, _, order_index = self.storage.copies(slot_ids, self.copy_orders)
-        order_index = torch.where(live, order_index, len(self.copy_orders))
-        return torch.where(live.unsqueeze(1), copied, 0), self.copy_confidences[order_index]
+        return copied, self.copy_confidences[order_index]
 
     def propose(self, anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -161,28 +161,26 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
     :func:`~dspark_core.policy.allocate_split` leaves it to the verify key (``Budget.lengths`` None).
     """
     policy = step.policy
-    if not step.draft and step.copy_only:  # the draft is off, the copies it found are priced
-        caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
+    if not step.draft and not step.copy_only:  # the plan turned the draft off: anchors only, nothing to split
+        return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
+    caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
+    if step.copy_only:  # the draft is off; the copies the step found are priced on their own
         choice = copy_step_choice(step.tier_context, proposal.confidences.cpu().numpy().astype(np.float64), caps)
         if choice.draft_off:
             return Budget(choice, torch.zeros_like(step.caps))
-        if split_in_verify:
-            return Budget(choice, None)
-        return Budget(choice, allocate_split(step.runner.kernels, proposal.confidences, step.caps, choice,
-                                             step.tier_context.request_bucket))
-    if not step.draft:  # the plan turned the draft off: anchors only, nothing to split
-        return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
-    tier_confidences = step.tier_confidences
-    if tier_confidences is None and not reads_confidences(policy):
-        # the choice depends on the caps alone: launch the verify without waiting for the proposal
-        tier_confidences = np.empty((step.slots.shape[0], 0))
-    elif tier_confidences is None:
-        tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
-    caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
-    choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
-    if split_in_verify and choice.lengths is None and getattr(policy, "split", None) is allocate_split:
+        split = allocate_split
+    else:
+        tier_confidences = step.tier_confidences
+        if tier_confidences is None and not reads_confidences(policy):
+            # the choice depends on the caps alone: launch the verify without waiting for the proposal
+            tier_confidences = np.empty((step.slots.shape[0], 0))
+        elif tier_confidences is None:
+            tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
+        choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
+        split = policy.split
+    if split_in_verify and choice.lengths is None and split is allocate_split:
         return Budget(choice, None)  # the allocate kernel runs inside the verify key
-    lengths = policy.split(step.runner.kernels, proposal.confidences, step.caps, choice, step.tier_context.request_bucket)
+    lengths = split(step.runner.kernels, proposal.confidences, step.caps, choice, step.tier_context.request_bucket)
     return Budget(choice, lengths)
 
 
