@@ -94,6 +94,7 @@ GEN_BATCH=${GEN_BATCH:-384}
 SHARD=${SHARD:-512}
 ROWS=${ROWS:-16384}
 ON_POLICY_MIN=${ON_POLICY_MIN:-2.5}
+ON_POLICY_FROM=${ON_POLICY_FROM:-0}  # first training prompt answered on-policy (a fresh machine: skip those an earlier run answered)
 STEPS=${STEPS:-3000}
 SEQS=${SEQS:-64}
 ANCHORS=${ANCHORS:-24}
@@ -151,7 +152,7 @@ LIMIT_TRAIN=${LIMIT_TRAIN:-470}
 stop_at=$(( $(date +%s) + LIMIT_TRAIN - 25 ))  # training exports before the stage limit even if features ran long
 stage train-draft "$LIMIT_TRAIN" - "${CLI[@]}" train-draft --device="$DEVICE" --answers=on_policy,sharegpt "${src[@]}" \
   --prompts="$PROMPTS" --heldout="$HELDOUT" --max_prompt_chars="$MAX_PROMPT_CHARS" --max_tokens="$MAX_TOKENS" \
-  --gen_batch="$GEN_BATCH" --shard_size="$SHARD" --rows_per_forward="$ROWS" --on_policy_minutes="$ON_POLICY_MIN" \
+  --gen_batch="$GEN_BATCH" --shard_size="$SHARD" --rows_per_forward="$ROWS" --on_policy_minutes="$ON_POLICY_MIN" --on_policy_from="$ON_POLICY_FROM" \
   --steps="$STEPS" --seqs_per_step="$SEQS" --anchors_per_seq="$ANCHORS" --lr="$LR" --eval_every="$EVAL_EVERY" \
   --max_minutes="$TRAIN_MIN" --stop_at="$stop_at" --save_every=500 --seed=0 --features_dir="$WORK/features" --output="$run_dir" \
   --no_progress "${extra[@]}" "${tiny[@]}"

@@ -122,6 +122,23 @@ def test_both_sources_and_on_policy_time_budget(tmp_path):
     assert json.loads((other / "train-summary.json").read_text())["train_sequences"] == 32
 
 
+def test_on_policy_from_answers_only_the_later_training_prompts(tmp_path):
+    _, target, _, _ = run_pipeline(options(tmp_path, steps=1, answers="on_policy,sharegpt", on_policy_from=10),
+                                   progress=False, log=quiet)
+    where = tmp_path / "shards-pairs-on-policy" / "from-10"
+    answered = [p for s in shard_rows(where) for p in s["prompts"]]
+    assert answered == tiny_prompts(target, options(tmp_path))[10:16]  # training prompts 10..15, not 0..9
+    assert not list((tmp_path / "shards-pairs-on-policy").glob("part-*.pt"))  # the from-0 shards stay unmade
+    assert json.loads((tmp_path / "train-summary.json").read_text())["train_sequences"] == 16 + 6
+
+
+def test_on_policy_from_is_checked():
+    with pytest.raises(ConfigError, match="--on_policy_from -1 must be|--on_policy_from must be at least 0, got -1"):
+        options(Path("x"), on_policy_from=-1, answers="on_policy,sharegpt")
+    with pytest.raises(ConfigError, match=r"--on_policy_from 4 needs --answers=on_policy,sharegpt \(got sharegpt\)"):
+        options(Path("x"), on_policy_from=4, answers="sharegpt")
+
+
 def test_another_prompt_count_gets_its_own_heldout_shards(tmp_path):
     # the held-out prompts are the tail of the --prompts list: a second run with more prompts in the same
     # shard folders holds other held-out prompts and must build its own shards, not refuse the first run's

@@ -11,6 +11,8 @@
 #     PARTS=env,exactness-float32,bench-k7 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 #     PARTS=step-profile,exactness-bfloat16,host-overhead bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 # (step-profile reuses the bench's cost table when the same OUT still holds it).
+# A shorter sitting (a device call that shares its minutes with other work) names fewer parts, smaller
+# sizes, the bench's POLICIES and per-part limits, e.g. LIMIT_bench_k7=150.
 # A dry run here on the CPU with tiny sizes (what to run before spending device time):
 #     DEVICE=cpu PROMPTS_FILE=prompts.jsonl N=2 TOKENS=8 CONCURRENCY=1,2 PER_CONCURRENCY=2,2 CALIBRATION=demo \
 #         MAX_SEQS=16 PAIRS=none:1,fixed-k7:2 STEPS=4 CLI=.venv/bin/dspark-core PY=.venv/bin/python \
@@ -27,6 +29,7 @@ PAIRS=${PAIRS:-none:1,fixed-k7:1,none:16,fixed-k7:16,adaptive:16}
 STEPS=${STEPS:-50}
 CALIBRATION=${CALIBRATION:-$(cd "$(dirname "$0")" && pwd)/calibration-k7.json}
 MAX_SEQS=${MAX_SEQS:-64}
+POLICIES=${POLICIES:-}  # bench policies (empty: the bench's default list)
 PARTS=${PARTS:-env,exactness-float32,bench-k7,step-profile,exactness-bfloat16,host-overhead}
 CLI=${CLI:-dspark-core}
 PY=${PY:-python3}
@@ -36,7 +39,9 @@ LOG=$OUT/log.txt
 if [ -z "$PROMPTS_FILE" ]; then echo "no prompts: set PROMPTS_FILE (dev.sh sets DSPARK_PROMPTS)" | tee -a "$LOG"; exit 2; fi
 
 part() {  # part NAME SECONDS COMMAND...: run with a limit (if NAME is in PARTS), log its tail and exit status
-  local name=$1 limit=$2 started rc
+  # LIMIT_<name> (dashes as underscores, e.g. LIMIT_bench_k7=120) overrides the limit for a shorter sitting
+  local name=$1 limit=$2 started rc var
+  var=LIMIT_${1//-/_}; limit=${!var:-$limit}
   shift 2
   case ",$PARTS," in *",$name,"*) ;; *) return 0 ;; esac
   started=$(date +%s)
@@ -68,7 +73,9 @@ part exactness-float32 240 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dt
     --prompts_file "$PROMPTS_FILE" --prompts "$N" --max_tokens "$TOKENS" --concurrency 16 \
     --policies none,fixed-k1,fixed-k3,fixed-k7,adaptive --output "$OUT/exactness-float32.json"
 
-part bench-k7 270 "$CLI" bench --device="$DEVICE" --calibration="$CALIBRATION" --max_seqs_per_batch="$MAX_SEQS" \
+BENCH_POLICIES=()
+[ -n "$POLICIES" ] && BENCH_POLICIES=(--policies="$POLICIES")
+part bench-k7 270 "$CLI" bench "${BENCH_POLICIES[@]}" --device="$DEVICE" --calibration="$CALIBRATION" --max_seqs_per_batch="$MAX_SEQS" \
     --prompts="$PROMPTS_FILE" --concurrency="$CONCURRENCY" --prompts_per_concurrency="$PER_CONCURRENCY" \
     --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --json \
     --policy_variants='{"adaptive-nocopysteps": ["adaptive", {"copy_steps": false}]}'

@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      f"drew, in shards of their own. Default: {MIN_PROMPT_CHARS}.")
     a("--on_policy_prompts", type=int, default=0, help="With --answers=on_policy,sharegpt: answer only the first N training "
                                                       "prompts on-policy (0 = all).")
+    a("--on_policy_from", type=int, default=0, help="With --answers=on_policy,sharegpt: start the on-policy answers at this "
+                                                   "training prompt, e.g. where an earlier run on another machine stopped. Default: 0.")
     a("--on_policy_minutes", type=float, default=0.0, help="With --answers=on_policy,sharegpt: start no new on-policy shard "
                                                           "after this many minutes (the rest waits for a later run; 0 = no limit).")
     a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
@@ -125,7 +127,7 @@ def options_from_args(args: argparse.Namespace):
               "features_dir": Path(args.features_dir) if args.features_dir else None, "settings": settings,
               "extra_features": args.extra_features,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
-              "on_policy_prompts": args.on_policy_prompts,
+              "on_policy_prompts": args.on_policy_prompts, "on_policy_from": args.on_policy_from,
               "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
               "init_from_target_layer": args.init_from_target_layer, "init_draft": args.init_draft,
               "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,

