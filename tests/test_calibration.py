@@ -202,6 +202,23 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
         start([*serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"), "--num_speculative_tokens=7"])
 
 
+def test_probing_a_bucket_whose_prompts_are_admitted_over_several_steps(tmp_path, checkpoints):
+    # a prefill budget below the bucket's prompts (on the H200: 64 x 256 tokens against 8 192) admits
+    # them over two steps, and the step in between runs in a smaller bucket than the point probes
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    launch = resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))
+    engine = build_engine(launch)
+    engine.scheduler.max_prefill_tokens = CAL["contexts"][0]["prefill_tokens"]  # one prompt per step
+    buckets = []
+    engine.add_observer(lambda report: buckets.append(report.live_requests))
+    table = bring_up(engine, launch, progress=False)
+    assert engine.ready and engine.table is table
+    assert 1 in buckets and 2 in buckets  # the in-between steps did run, in bucket 1
+    engine.close()
+
+
 def test_a_max_model_len_beyond_the_model_context_is_capped_and_said(tmp_path, checkpoints):
     target, draft = checkpoints  # the tiny target's context is 512 positions
     cal = tmp_path / "cal.json"

@@ -28,8 +28,14 @@ from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split
 
 @frozen
 class ForcedTier:
-    """A budget policy pinned to one captured tier, drafting or not (calibration only)."""
+    """A budget policy pinned to one captured tier of one bucket, drafting or not (calibration only).
 
+    Steps of another bucket happen while the point's requests are still being admitted (the
+    scheduler's prefill budget can hold fewer prompts than the bucket, e.g. 64 of 256 tokens
+    against 8 192); they are never timed, so they run as plain drafted steps of their own bucket.
+    """
+
+    request_bucket: int
     rows: int
     draft: bool = True
     name: str = "forced-tier"
@@ -37,9 +43,11 @@ class ForcedTier:
     tier_lag: int = 0
 
     def plan(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:
-        return StepPlan(draft=self.draft)
+        return StepPlan(draft=self.draft or ctx.request_bucket != self.request_bucket)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
+        if ctx.request_bucket != self.request_bucket:
+            return TierChoice(min(ctx.tiers))
         if self.rows not in ctx.tiers:
             raise ConfigError(f"calibration: {self.rows} target rows are not captured for bucket {ctx.request_bucket}")
         return TierChoice(self.rows)
@@ -60,7 +68,7 @@ def probe_point(engine, point: ProbePoint, plan: CalibrationPlan, generator: tor
             stamps.append(time.perf_counter())
 
     requests = []
-    with engine.use_policy(ForcedTier(point.target_rows, not point.draft_off)):
+    with engine.use_policy(ForcedTier(point.request_bucket, point.target_rows, not point.draft_off)):
         engine.add_observer(observe)
         try:
             params = SamplingParams(max_tokens=needed * (settings.draft_width + 1) + 1, ignore_eos=True)
