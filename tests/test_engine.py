@@ -81,6 +81,22 @@ def test_every_policy_is_exact_with_partly_accepted_drafts(models, prompts, refe
         assert any(o.acceptance < 1.0 for o in outputs)
 
 
+@pytest.mark.parametrize("policy,options", [("adaptive", {}), ("fixed", {"k": 3})], ids=str)
+def test_matmul_attention_is_exact(models, prompts, references, policy, options):
+    # the attention form CUDA decode and verify steps take (layers.matmul_attention), run here on the CPU
+    from dspark_core.models.layers import set_attention_kernel
+
+    target, draft = models
+    set_attention_kernel("matmul")
+    try:
+        engine, outputs = run(target, oracle(draft, prompts, references, seed=7, corrupt=0.4), prompts, 7, policy,
+                              options, table=synthetic_table(7, BUCKETS), overlap=True)
+    finally:
+        set_attention_kernel("auto")
+    assert [list(o.token_ids) for o in outputs] == references
+    assert sum(o.accepted_length for o in outputs) / len(outputs) > 1.4
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("policy,options", [("adaptive", {}), ("fixed", {})], ids=str)
 def test_random_draft_is_exact(models, prompts, references, policy, options, overlap):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import RowLayout, attend, grouped_mask
+from dspark_core.models.layers import RowLayout, attend, grouped_mask, set_attention_kernel
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -179,13 +179,34 @@ def test_grouped_attention_equals_per_head_softmax(data):
     keys = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
     values = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
     q = torch.randn(int(offsets[-1]), heads, head_dim, generator=generator)
-    out = attend(q, keys, values, layout, grouped_mask(layout.causal_mask(), heads // kv_heads, q.dtype))
-    row = 0
-    for b, count in enumerate(counts):
-        for j in range(count):
-            seen = lengths[b] + j + 1
-            for h in range(heads):
-                k, v = keys[b, h // (heads // kv_heads), :seen], values[b, h // (heads // kv_heads), :seen]
-                expected = torch.softmax(k @ q[row, h] / head_dim**0.5, dim=0) @ v
-                torch.testing.assert_close(out[row, h * head_dim : (h + 1) * head_dim], expected)
-            row += 1
+    mask = grouped_mask(layout.causal_mask(), heads // kv_heads, q.dtype)
+    for kernel in ("sdpa", "matmul"):  # SDPA, and the matmul form CUDA decode steps take
+        set_attention_kernel(kernel)
+        try:
+            out = attend(q, keys, values, layout, mask)
+        finally:
+            set_attention_kernel("auto")
+        row = 0
+        for b, count in enumerate(counts):
+            for j in range(count):
+                seen = lengths[b] + j + 1
+                for h in range(heads):
+                    k, v = keys[b, h // (heads // kv_heads), :seen], values[b, h // (heads // kv_heads), :seen]
+                    expected = torch.softmax(k @ q[row, h] / head_dim**0.5, dim=0) @ v
+                    torch.testing.assert_close(out[row, h * head_dim : (h + 1) * head_dim], expected)
+                row += 1
+
+
+def test_attention_kernel_choice():
+    from dspark_core.models import layers
+
+    q = torch.zeros(1, 1, layers.MATMUL_ATTENTION_MAX_ROWS, 4)
+    assert not layers._matmul_attention_for(q)  # auto: SDPA off CUDA
+    set_attention_kernel("matmul")
+    try:
+        assert layers._matmul_attention_for(q)
+        with pytest.raises(ValueError, match="attention kernel 'flash': choose one of auto, sdpa, matmul"):
+            set_attention_kernel("flash")
+        assert layers._matmul_attention_for(q)  # a refused name changes nothing
+    finally:
+        set_attention_kernel("auto")

@@ -30,7 +30,7 @@ STEPS=${STEPS:-50}
 CALIBRATION=${CALIBRATION:-$(cd "$(dirname "$0")" && pwd)/calibration-k7.json}
 MAX_SEQS=${MAX_SEQS:-64}
 POLICIES=${POLICIES:-}  # bench policies (empty: the bench's default list)
-PARTS=${PARTS:-env,exactness-float32,bench-k7,step-profile,exactness-bfloat16,host-overhead}
+PARTS=${PARTS:-env,attention-micro,exactness-float32,bench-k7,step-profile,step-profile-sdpa,exactness-bfloat16,host-overhead}
 CLI=${CLI:-dspark-core}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -68,6 +68,9 @@ print(json.dumps(info))
 PY
 [ -f "$OUT/env.out" ] && cp "$OUT/env.out" "$OUT/env.json"
 
+# one layer's decode attention alone, SDPA against the matmul form CUDA decode steps now take
+part attention-micro 60 "$PY" "$HERE/attention_micro.py" --device "$DEVICE" --output "$OUT/attention-micro.json"
+
 # float32 (the CUDA default): every policy must equal target-only greedy; exit 1 on a real difference
 part exactness-float32 240 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dtype auto \
     --prompts_file "$PROMPTS_FILE" --prompts "$N" --max_tokens "$TOKENS" --concurrency 16 \
@@ -84,6 +87,10 @@ TABLE=()
 [ -f "$OUT/bench-k7/cost-table.json" ] && TABLE=(--cost_table "$OUT/bench-k7/cost-table.json")
 part step-profile 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \
     --prompts_file "$PROMPTS_FILE" --pairs "$PAIRS" --steps "$STEPS" --output "$OUT/step-profile.json"
+
+# the same pairs with SDPA attention everywhere (before the matmul form): what the change bought end to end
+part step-profile-sdpa 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \
+    --prompts_file "$PROMPTS_FILE" --pairs "$PAIRS" --steps "$STEPS" --attention sdpa --output "$OUT/step-profile-sdpa.json"
 
 # the opt-in fast mode: differences are expected at near-ties; each is classified by the target's top-2 gap
 part exactness-bfloat16 150 "$PY" "$HERE/../exactness.py" --device "$DEVICE" --dtype bfloat16 \

@@ -26,6 +26,7 @@ from dspark_core.commands.bench import _engine, _policies
 from dspark_core.engine.pipeline import DeviceQueue
 from dspark_core.engine.request import SamplingParams
 from dspark_core.geometry import kv_reserve
+from dspark_core.models.layers import ATTENTION_KERNELS, set_attention_kernel
 from dspark_core.prompts import read_prompts_jsonl
 
 
@@ -82,8 +83,11 @@ def main() -> int:
                         help="policy:concurrency pairs to time; the first is also profiled.")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--attention", default="auto", choices=ATTENTION_KERNELS,
+                        help="Attention kernel for the whole run (layers.set_attention_kernel); captured graphs keep it.")
     parser.add_argument("--output", required=True, help="JSON results; the profiler table goes beside it (.txt).")
     args = parser.parse_args()
+    set_attention_kernel(args.attention)
     if max(c for _, c in args.pairs) > args.max_seqs_per_batch:
         parser.error(f"--pairs: a concurrency above --max_seqs_per_batch={args.max_seqs_per_batch} would queue requests")
     prompts = read_prompts_jsonl(args.prompts_file)
@@ -122,7 +126,7 @@ def main() -> int:
     engine.close()
     meta = {"device": device, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-            "dtype": args.dtype, "command": " ".join(sys.argv)}
+            "dtype": args.dtype, "attention": args.attention, "command": " ".join(sys.argv)}
     Path(args.output).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     return 0
 

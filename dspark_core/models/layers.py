@@ -184,6 +184,44 @@ def grouped_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.T
     return additive[:, :, None].expand(b, 1, groups, r, length).reshape(b, 1, groups * r, length)
 
 
+# Query rows per key head up to which CUDA attention runs as two matmuls around a softmax. SDPA's
+# float32 kernel (memory-efficient attention) gives each block of 64 query rows of a key head one
+# thread block that walks every key: a decode or verify step (3-24 rows per key head for SmolLM2)
+# then keeps 3-192 blocks busy on 132 SMs, and on the H200 one layer of one request over the
+# 2 048 captured key positions took 216 us, 73 % of a target-only step. The matmuls spread the key
+# axis over the whole GPU. Prefill (more rows) keeps SDPA, whose memory use does not grow with the
+# rows x keys scores.
+MATMUL_ATTENTION_MAX_ROWS = 64
+ATTENTION_KERNELS = ("auto", "sdpa", "matmul")
+_attention_kernel = "auto"
+
+
+def set_attention_kernel(name: str) -> None:
+    """Choose how :func:`attend` computes attention, process-wide: ``auto`` (the default: matmuls
+    for decode-sized row counts on CUDA, SDPA otherwise), ``sdpa`` or ``matmul`` everywhere. For
+    benchmarks that compare the two on one device."""
+    global _attention_kernel
+    if name not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {name!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    _attention_kernel = name
+
+
+def _matmul_attention_for(q: torch.Tensor) -> bool:
+    if _attention_kernel == "auto":
+        return q.is_cuda and q.shape[2] <= MATMUL_ATTENTION_MAX_ROWS
+    return _attention_kernel == "matmul"
+
+
+def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + mask) v`` as two batched matmuls; the softmax in float32.
+
+    ``q`` ``[B, KV, rows, d]``, ``keys``/``values`` ``[B, KV, L, d]``, ``mask`` additive and
+    broadcastable to ``[B, KV, rows, L]``. Every query row sees at least one key (its own position).
+    """
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * q.shape[-1] ** -0.5 + mask
+    return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+
+
 def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor) -> torch.Tensor:
     """Attention of packed queries ``[G, H, hd]`` over per-request keys ``[B, KV, L, hd]``.
 
@@ -199,6 +237,10 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     requests, rows, heads, head_dim = q.shape
     kv_heads = keys.shape[1]
     q = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
-    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
+    keys, values = keys.to(q.dtype), values.to(q.dtype)
+    if _matmul_attention_for(q):
+        out = matmul_attention(q, keys, values, mask)
+    else:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     out = out.reshape(requests, heads, rows, head_dim).transpose(1, 2)  # [B, R, H, hd]
     return layout.unpad(out).reshape(q_rows.shape[0], -1)
