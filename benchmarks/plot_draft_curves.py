@@ -11,6 +11,9 @@
 (the command that drew ``benchmarks/results/draft-v4/tau-vs-data.png``; the
 ``draft-v3`` plot is the same command without E and F).
 
+With ``--chain`` the runs are stages of one draft (each fine-tunes the one
+before), and each curve starts where the previous one ends on the token axis.
+
 Each argument is ``LABEL=CURVE.jsonl[:BASELINE]``: a run's ``curve.jsonl``
 and, optionally, the τ its starting or shipped draft measured on the same
 held-out blocks (drawn as a dotted line in the run's colour). Every run has
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="LABEL=CURVE.jsonl[:BASELINE_TAU]")
     parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--chain", action="store_true",
+                        help="Each run fine-tunes the previous run's draft: its tokens continue from where that run ends.")
     args = parser.parse_args(argv)
 
     import matplotlib
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    start = 0.0
     for i, spec in enumerate(args.runs):
         label, _, rest = spec.partition("=")
         path, baseline = split_baseline(rest)
@@ -62,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(path).is_file():
             parser.error(f"run {spec!r}: curve file {path} not found")
         xs, ys = read_curve(Path(path))
+        xs = [start + x for x in xs]
+        if args.chain and xs:
+            start = xs[-1]
         color = f"C{i}"
         ax.plot(xs, ys, marker="o", ms=3, color=color, label=label)
         if baseline is not None:

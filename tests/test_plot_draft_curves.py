@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "plot_draft_curves.py"
 
@@ -26,6 +28,24 @@ def test_plots_runs_with_and_without_baselines(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 5_000  # a drawn figure, not an empty canvas
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # plot() is replaced by a recorder here
+def test_chained_runs_continue_on_the_token_axis(tmp_path, monkeypatch):
+    from script_support import load_script
+
+    module = load_script("plot_draft_curves")
+    drawn = []
+    import matplotlib.axes
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, xs, ys, **kw: drawn.append(list(xs)))
+    a = write_curve(tmp_path / "a.jsonl", [1.0, 1.2, 1.3])
+    b = write_curve(tmp_path / "b.jsonl", [1.3, 1.4])
+    assert module.main(["--output", str(tmp_path / "c.png"), "--chain", f"A={a}", f"B={b}"]) == 0
+    assert drawn == [[0.0, 0.09, 0.18], [0.18, 0.27]]  # millions of tokens; B starts where A ends
+    drawn.clear()
+    assert module.main(["--output", str(tmp_path / "d.png"), f"A={a}", f"B={b}"]) == 0
+    assert drawn == [[0.0, 0.09, 0.18], [0.0, 0.09]]
 
 
 def test_a_run_without_a_curve_file_is_refused_by_name(tmp_path):
