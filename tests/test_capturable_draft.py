@@ -68,6 +68,26 @@ def test_static_shape_proposal_equals_eager(target, size, max_len, variant):
         assert torch.equal(alone_tokens[0], static_tokens[row])
 
 
+@pytest.mark.parametrize("variant", [dict(), dict(markov_head_type="rnn", draft_vocab_size=40, num_layers=2)],
+                         ids=["vanilla", "rnn-subset"])
+def test_matmul_attention_proposal_equals_sdpa(target, variant):
+    # the attention form CUDA decode steps take (layers.block_attention), eager and static, on the CPU
+    from dspark_core.models.layers import set_attention_kernel
+
+    draft = filled_draft(target, num_slots=8, max_len=64, seed=11, **variant)
+    anchors, positions, slots = batch(8, 64, seed=3, size=8)
+    sdpa_tokens, sdpa_conf = draft.propose(anchors, positions, slots)
+    set_attention_kernel("matmul")
+    try:
+        for static in (False, True):
+            with static_shapes() if static else torch.no_grad():
+                tokens, conf = draft.propose(anchors, positions, slots)
+            assert torch.equal(tokens, sdpa_tokens)
+            torch.testing.assert_close(conf, sdpa_conf, rtol=0, atol=1e-9)
+    finally:
+        set_attention_kernel("auto")
+
+
 def test_eager_proposal_reads_the_host_and_static_does_not(target):
     """The recorder sees the eager context sizing (so the assertion above can fail)."""
     draft = filled_draft(target, num_slots=2, max_len=12, seed=1)

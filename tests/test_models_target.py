@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import RowLayout, attend, grouped_mask, set_attention_kernel
+from dspark_core.models.layers import RowLayout, attend, block_attention, grouped_mask, set_attention_kernel
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -195,6 +195,29 @@ def test_grouped_attention_equals_per_head_softmax(data):
                     expected = torch.softmax(k @ q[row, h] / head_dim**0.5, dim=0) @ v
                     torch.testing.assert_close(out[row, h * head_dim : (h + 1) * head_dim], expected)
                 row += 1
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["shared-mask", "per-row-mask"])
+def test_block_attention_forms_agree_with_per_head_softmax(per_row):
+    g = torch.Generator().manual_seed(4)
+    batch, heads, kv_heads, rows, length, head_dim = 2, 6, 2, 3, 9, 4
+    q = torch.randn(batch, heads, rows, head_dim, generator=g)
+    keys, values = (torch.randn(batch, kv_heads, length, head_dim, generator=g) for _ in range(2))
+    seen = torch.rand(batch, 1, rows if per_row else 1, length, generator=g) < 0.6
+    seen[..., 0] = True  # every row sees a key
+    for kernel in ("sdpa", "matmul"):
+        set_attention_kernel(kernel)
+        try:
+            out = block_attention(q, keys, values, seen)
+        finally:
+            set_attention_kernel("auto")
+        for b in range(batch):
+            for h in range(heads):
+                for r in range(rows):
+                    visible = seen[b, 0, r if per_row else 0]
+                    k, v = keys[b, h // (heads // kv_heads), visible], values[b, h // (heads // kv_heads), visible]
+                    expected = torch.softmax(k @ q[b, h, r] / head_dim**0.5, dim=0) @ v
+                    torch.testing.assert_close(out[b, h, r], expected)
 
 
 def test_attention_kernel_choice():

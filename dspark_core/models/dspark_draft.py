@@ -38,6 +38,7 @@ from dspark_core.graphs import static_shapes_active
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
+from dspark_core.models.layers import block_attention
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.layers import apply_rope, linear, rope_cos_sin
 
@@ -155,7 +156,7 @@ class DSparkDraft(nn.Module):
             keys = torch.cat([ctx_k.to(k.dtype), k.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
             values = torch.cat([ctx_v.to(v.dtype), v.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
             q = q.view(n, s, c.num_heads, c.head_dim).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads)
+            out = block_attention(q, keys, values, mask)
             x = x + project(a.o_proj, out.transpose(1, 2).reshape(n, s, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)

@@ -213,13 +213,33 @@ def _matmul_attention_for(q: torch.Tensor) -> bool:
 
 
 def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``softmax(q k^T / sqrt(d) + mask) v`` as two batched matmuls; the softmax in float32.
+    """``softmax(q k^T / sqrt(d) + mask) v`` as two batched matmuls; the softmax in float32 at least.
 
     ``q`` ``[B, KV, rows, d]``, ``keys``/``values`` ``[B, KV, L, d]``, ``mask`` additive and
     broadcastable to ``[B, KV, rows, L]``. Every query row sees at least one key (its own position).
     """
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * q.shape[-1] ** -0.5 + mask
+    scores = torch.matmul(q, keys.transpose(-1, -2))
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * q.shape[-1] ** -0.5 + mask
     return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+
+
+def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of ``q`` ``[B, H, S, d]`` over ``keys``/``values`` ``[B, KV, L, d]`` with a boolean
+    ``mask`` broadcastable to ``[B, 1, S, L]``; query head ``h`` reads key head ``h // (H / KV)``.
+
+    The draft's block forward: on CUDA at decode sizes the matmul form (as in :func:`attend`, with
+    the query heads folded into their key head's rows), elsewhere SDPA with ``enable_gqa``.
+    """
+    batch, heads, rows, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    folded = q.reshape(batch, kv_heads, heads // kv_heads * rows, head_dim)
+    if not _matmul_attention_for(folded):
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
+    additive = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+    groups = heads // kv_heads
+    if additive.shape[2] != 1:  # a per-row mask repeats for each query head of a group
+        additive = additive.repeat(1, 1, groups, 1)
+    return matmul_attention(folded, keys, values, additive).reshape(batch, heads, rows, head_dim)
 
 
 def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor) -> torch.Tensor:
