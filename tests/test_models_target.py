@@ -233,3 +233,19 @@ def test_attention_kernel_choice():
         assert layers._matmul_attention_for(q)  # a refused name changes nothing
     finally:
         set_attention_kernel("auto")
+
+
+def test_model_decode_counts_aten_calls_per_forward(tmp_path):
+    # benchmarks/model_decode.py --count_ops: the floor of a GPU step's kernel count, measured on the CPU
+    from checkpoint_support import write_tiny_pair
+    from script_support import load_script
+
+    from dspark_core.models.loading import load_target
+
+    module = load_script("model_decode")
+    model = load_target(str(write_tiny_pair(tmp_path)[0]))
+    one, four = module.ops_per_forward(model, 1, 8), module.ops_per_forward(model, 4, 8)
+    layers = model.config.num_layers
+    # every layer makes its norms, products, rotary, cache write/read and attention calls
+    assert one >= 10 * layers and four >= 10 * layers
+    assert abs(one - four) <= 4 * layers  # the count is per layer, not per request

@@ -105,12 +105,12 @@ class LlamaTarget(nn.Module):
         n = x.shape[0]
         qkv = linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[:, :q_size].view(n, c.num_heads, c.head_dim)
-        k = qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is None:  # one rotary pass over the query and key heads together: half the ops
+            qk = apply_rope(qkv[:, : q_size + kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+            return qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        q = rms_norm(qkv[:, :q_size].view(n, c.num_heads, c.head_dim), layer.q_norm, c.rms_eps)
+        k = rms_norm(qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim), layer.k_norm, c.rms_eps)
         v = qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, c.rms_eps)
-            k = rms_norm(k, layer.k_norm, c.rms_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
