@@ -125,22 +125,29 @@ def test_runner_proposes_through_the_backend_per_bucket(target, backend_class):
     assert torch.equal(runner.propose_from_storage(slots)[0], want_tokens)
 
 
+@pytest.mark.parametrize("attention", ["auto", "matmul"])  # matmul: what CUDA decode steps run
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_engine_on_a_captured_backend_is_exact(target, overlap):
+def test_engine_on_a_captured_backend_is_exact(target, overlap, attention):
     """The whole engine on the captured-backend stand-in (proposal and verify replayed from static
     buffers in static-shape mode) gives target-only greedy output and prepares nothing after ready."""
+    from dspark_core.models.layers import set_attention_kernel
+
     draft = random_draft(CFG, seed=5, block_size=7).to(torch.float64)
     backend = StandInCapturedBackend("cpu")
-    engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4),
-                                                max_model_len=96, schedule_overlap=overlap), graphs=backend)
-    engine.warmup()
-    engine.mark_ready()
-    captures = backend.counters.captures
-    assert captures == len(backend.keys)
-    assert {k.stage for k in backend.keys} == {"propose", "verify", "verify+context"}
-    prompts = random_prompts(3, seed=9)
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
-    engine.close()
+    set_attention_kernel(attention)
+    try:
+        engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2, 4),
+                                                    max_model_len=96, schedule_overlap=overlap), graphs=backend)
+        engine.warmup()
+        engine.mark_ready()
+        captures = backend.counters.captures
+        assert captures == len(backend.keys)
+        assert {k.stage for k in backend.keys} == {"propose", "verify", "verify+context"}
+        prompts = random_prompts(3, seed=9)
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+        engine.close()
+    finally:
+        set_attention_kernel("auto")
     assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 10)
     assert backend.counters.captures == captures
     assert backend.counters.replays == 2 * engine.counters.steps  # a proposal and a verify per step
