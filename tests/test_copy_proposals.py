@@ -414,12 +414,3 @@ def test_copy_steps_are_exact_run_no_draft_and_save_steps(models, prompts, refer
     assert baseline.counters.copy_steps == 0 and baseline.counters.draft_off_steps == baseline.counters.steps
     # the repeating tiny output is copied: far fewer steps than one token per request each
     assert counters.steps < 0.7 * baseline.counters.steps
-
-
-def test_a_multi_rank_launch_turns_copy_steps_off_and_refuses_them_by_name():
-    from dspark_core.distributed.launch import single_rank_options_off
-
-    with pytest.raises(ConfigError, match="copy_steps=true runs on one rank only"):
-        single_rank_options_off("adaptive", {"copy_steps": True, "tier_lag": 0})
-    assert single_rank_options_off("adaptive", {"tier_lag": 1}) == {"tier_lag": 1, "copy_steps": False}
-    assert single_rank_options_off("fixed", {"k": 3}) == {"k": 3}

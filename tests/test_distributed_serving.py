@@ -67,7 +67,7 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
             handle.close()
             return
         outputs = handle.engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-        stats = [(sum(o.verify_widths), o.steps) for o in outputs]
+        stats = [(sum(o.verify_widths), o.steps, o.copy_steps) for o in outputs]
         handle.close()
         results.put((rank, handle.table_sha256, ([list(o.token_ids) for o in outputs], stats)))
     except Exception as exc:
@@ -142,7 +142,7 @@ def test_adaptive_two_ranks_match_single_rank_greedy_and_share_one_table(tmp_pat
     sha0, (tokens, stats) = got[0]
     sha1, worker_code = got[1]
     assert tokens == reference
-    assert sum(v for v, _ in stats) > 0  # drafts were verified: the speculative path ran
+    assert sum(v for v, _, _ in stats) > 0  # drafts were verified: the speculative path ran
     assert sha0 == sha1 and len(sha0) == 64  # the same immutable table on both ranks
     assert worker_code == 0  # the worker stopped cleanly when rank 0 closed
     saved = json.loads(out.read_text())  # written once, by rank 0, with the launch's parallelism
@@ -172,7 +172,18 @@ def test_copy_proposals_on_two_ranks_match_single_rank_greedy(checkpoints, refer
     tokens, stats = got[0][1]
     assert tokens == reference and got[1][1] == 0
     # the random draft alone is practically never accepted; copies of the repeating output are
-    assert sum(steps for _, steps in stats) < len(PROMPTS) * (MAX_TOKENS - 1)
+    assert sum(steps for _, steps, _ in stats) < len(PROMPTS) * (MAX_TOKENS - 1)
+
+
+def test_adaptive_copy_steps_on_two_ranks_match_single_rank_greedy(checkpoints, reference):
+    """Rank 0 decides a copy step's tier and lengths and broadcasts them like a drafted step's; the
+    worker runs the copy key from the step's announcement and verifies the same rows."""
+    target, draft, cal = checkpoints
+    got = run_ranks(flags(target, draft, f"--adaptive_dspark_calibration={cal}", "--copy_proposals=on"))
+    assert got[0][0] != "error" and got[1][0] != "error", got
+    tokens, stats = got[0][1]
+    assert tokens == reference and got[1][1] == 0
+    assert sum(copy_steps for _, _, copy_steps in stats) > 0  # copy steps ran, on both ranks in lockstep
 
 
 def test_rank_0_serves_http_and_both_ranks_exit_cleanly(checkpoints, reference):

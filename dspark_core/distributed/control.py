@@ -33,7 +33,7 @@ from dspark_core.device import host_to_device
 from dspark_core.distributed.group import RankGroup, RankLostError, collective
 from dspark_core.engine.pipeline import DeviceQueue, Job
 from dspark_core.engine.step import DecodeStep
-from dspark_core.policy import TierChoice, TierContext
+from dspark_core.policy import TierChoice, TierContext, allocate_split
 
 log = get_logger("distributed")
 
@@ -89,16 +89,19 @@ def decode_prefill(payload: list[int]) -> tuple[list[list[int]], list[int]]:
 
 
 def encode_decode(step: DecodeStep, slots: Sequence[int]) -> list[int]:
-    # the draft flag is the step's own: the policy may plan a draft-off step
+    # the draft flag is the step's own: the policy may plan a draft-off step, or a copy step
     drafts = bool(step.draft and step.policy.uses_draft)
-    return [len(slots), step.tier_context.request_bucket, int(drafts), *slots]
+    return [len(slots), step.tier_context.request_bucket, int(drafts), int(step.copy_only), *slots]
 
 
 # -- the budget decision, broadcast inside the step ------------------------------------
 
+_HEAD = 6  # rows, fallback, predicted tokens, predicted seconds, draft-off, copy step
+
+
 def _pack_decision(choice: TierChoice, lengths: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
-    head = torch.tensor([choice.rows, float(choice.fallback), choice.predicted_tokens, choice.predicted_seconds],
-                        dtype=torch.float64, device=lengths.device)
+    head = torch.tensor([choice.rows, float(choice.fallback), choice.predicted_tokens, choice.predicted_seconds,
+                         float(choice.draft_off), float(choice.copy_only)], dtype=torch.float64, device=lengths.device)
     return torch.cat([head, lengths.to(torch.float64), caps.to(device=lengths.device, dtype=torch.float64)])
 
 
@@ -121,6 +124,14 @@ class BroadcastDecision:
         dist.broadcast(_pack_decision(choice, lengths, caps), 0, group=self.group.model_group)
         return lengths
 
+    def copy_split(self, kernels: Any, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
+                   request_bucket: int) -> torch.Tensor:
+        """A copy step's lengths (none when it stays draft-off), broadcast like a drafted step's."""
+        lengths = (torch.zeros_like(caps) if choice.draft_off
+                   else allocate_split(kernels, confidences, caps, choice, request_bucket))
+        dist.broadcast(_pack_decision(choice, lengths, caps), 0, group=self.group.model_group)
+        return lengths
+
 
 class ReplayDecision:
     """A worker's policy: receives rank 0's tier and verify lengths (its own confidences are not used)."""
@@ -138,17 +149,21 @@ class ReplayDecision:
         self._lengths: torch.Tensor | None = None
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
-        packed = torch.empty(4 + 2 * self.live, dtype=torch.float64, device=self.device)
+        packed = torch.empty(_HEAD + 2 * self.live, dtype=torch.float64, device=self.device)
         dist.broadcast(packed, 0, group=self.group.model_group)
-        self._lengths = packed[4 : 4 + self.live].to(torch.int64)
-        self.caps = packed[4 + self.live :].to(torch.int64)
-        rows, fallback, tokens, seconds = packed[:4].tolist()
-        return TierChoice(int(rows), bool(fallback), tokens, seconds)
+        self._lengths = packed[_HEAD : _HEAD + self.live].to(torch.int64)
+        self.caps = packed[_HEAD + self.live :].to(torch.int64)
+        rows, fallback, tokens, seconds, draft_off, copy_only = packed[:_HEAD].tolist()
+        return TierChoice(int(rows), bool(fallback), tokens, seconds, draft_off=bool(draft_off), copy_only=bool(copy_only))
+
+    choose_copy_tier = choose_tier  # a copy step's decision travels the same way
 
     def split(self, kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor:
         assert self._lengths is not None, "split before choose_tier"
         return self._lengths
+
+    copy_split = split
 
 
 # -- rank 0: the announcing device queue -----------------------------------------------
@@ -251,8 +266,8 @@ def replay_prefill(engine, payload: list[int]) -> None:
 
 
 def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
-    live, bucket, uses_draft = payload[:3]
-    slots = payload[3 : 3 + live]
+    live, bucket, uses_draft, copy_only = payload[:4]
+    slots = payload[4 : 4 + live]
     device = engine.runner.device
     # the worker's own policy says whether a draft exists (its context is extended every
     # step); whether this step runs it is rank 0's decision
@@ -261,6 +276,7 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
     step = DecodeStep(engine.runner, engine.storage, policy, ctx, host_to_device(slots, device),
                       torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft),
+                      copy_only=bool(copy_only),
                       host_caps=np.zeros(live, dtype=np.int64))  # rank 0 sends the caps with its decision
     engine.decode_on_device(step)
     return live

@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -141,18 +140,6 @@ def shard_target(family: object, target: object, rank: int, world_size: int, gro
     shard(target, rank, world_size, group)
 
 
-def single_rank_options_off(policy: str, policy_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The budget-policy options of a multi-rank launch: copy steps (on by default for ``adaptive``)
-    run on one rank only for now, since a copy step's tier is decided on rank 0 outside the broadcast
-    decision and the workers would verify another tier. Asked for explicitly, they are refused."""
-    if policy_options.get("copy_steps"):
-        raise ConfigError("budget_policy_options: copy_steps=true runs on one rank only for now; "
-                          "leave it out with --nnodes > 1")
-    if policy == "adaptive":
-        return {**policy_options, "copy_steps": False}
-    return dict(policy_options)
-
-
 def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: str | None = None) -> RankHandle:
     """Join the process group and build this rank's engine (sharded target); not yet warmed up.
 
@@ -171,7 +158,6 @@ def start_rank(config: ServeConfig, *, timeouts: Timeouts | None = None, dtype: 
     launch = resolve_launch(config)
     if dtype is not None:
         launch.dtype = dtype
-    launch.policy_options = single_rank_options_off(launch.policy, launch.policy_options)
     _place_on_local_device(launch, config.node_rank)
     group = join(config.nnodes, config.node_rank, config.master_node_addr, launch.device.distributed_backend, timeouts)
     try:

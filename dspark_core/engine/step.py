@@ -165,7 +165,14 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
         return Budget(draft_off_choice(step.tier_context), torch.zeros_like(step.caps))
     caps = step.host_caps if step.host_caps is not None else step.caps.cpu().numpy()
     if step.copy_only:  # the draft is off; the copies the step found are priced on their own
-        choice = copy_step_choice(step.tier_context, proposal.confidences.cpu().numpy().astype(np.float64), caps)
+        # a multi-rank wrapper decides (rank 0) or receives the decision (workers) through
+        # choose_copy_tier / copy_split, and every outcome goes through its split, draft-off too
+        choose = getattr(policy, "choose_copy_tier", copy_step_choice)
+        choice = choose(step.tier_context, proposal.confidences.cpu().numpy().astype(np.float64), caps)
+        copy_split = getattr(policy, "copy_split", None)
+        if copy_split is not None:
+            bucket = step.tier_context.request_bucket
+            return Budget(choice, copy_split(step.runner.kernels, proposal.confidences, step.caps, choice, bucket))
         if choice.draft_off:
             return Budget(choice, torch.zeros_like(step.caps))
         split = allocate_split
