@@ -11,6 +11,15 @@
 #     PARTS=env,exactness-float32,bench-k7 bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 #     PARTS=step-profile,exactness-bfloat16,host-overhead bash .gpu/dev.sh bash benchmarks/h200/sitting.sh
 # (step-profile reuses the bench's cost table when the same OUT still holds it).
+# At most 8 files come back from a device call, and the parts write more: write under /tmp and
+# return one tar (the call the first sitting made, 2026-12-04):
+#     O=$OUT; PARTS=... OUT=/tmp/sit bash .gpu/dev.sh bash benchmarks/h200/sitting.sh; \
+#         tar -C /tmp -cf $O/sitting.tar sit; cp /tmp/sit/log.txt $O/
+# A 15-minute session (start-up and the model-part calls take about a minute) fits two such calls
+# if their limits add up to less: issue 17 asks for exactness on 80 prompts x 128 tokens, so the
+# first call is PARTS=env,attention-micro,exactness-float32,bench-k7 with LIMIT_attention_micro=40
+# LIMIT_bench_k7=230 PER_CONCURRENCY=4,16,64,64 (570 s of limits), the second
+# PARTS=step-profile,step-profile-sdpa,exactness-bfloat16 with LIMIT_exactness_bfloat16=90 (390 s).
 # A shorter sitting (a device call that shares its minutes with other work) names fewer parts, smaller
 # sizes, the bench's POLICIES and per-part limits, e.g. LIMIT_bench_k7=150.
 # A dry run here on the CPU with tiny sizes (what to run before spending device time):
