@@ -18,8 +18,9 @@
 # A 15-minute session (start-up and the model-part calls take about a minute) fits two such calls
 # if their limits add up to less: issue 17 asks for exactness on 80 prompts x 128 tokens, so the
 # first call is PARTS=env,attention-micro,exactness-float32,bench-k7 with LIMIT_attention_micro=40
-# LIMIT_bench_k7=230 PER_CONCURRENCY=4,16,64,64 (570 s of limits), the second
-# PARTS=step-profile,step-profile-sdpa,exactness-bfloat16 with LIMIT_exactness_bfloat16=90 (390 s).
+# LIMIT_bench_k7=230 PER_CONCURRENCY=4,16,64,64 (570 s of limits). The second gets what is left,
+# about 250 s: PARTS=step-profile,step-profile-sdpa STEPS=30 LIMIT_step_profile=110
+# LIMIT_step_profile_sdpa=110. exactness-bfloat16 and host-overhead then wait for another session.
 # A shorter sitting (a device call that shares its minutes with other work) names fewer parts, smaller
 # sizes, the bench's POLICIES and per-part limits, e.g. LIMIT_bench_k7=150.
 # A dry run here on the CPU with tiny sizes (what to run before spending device time):
