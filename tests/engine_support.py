@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import torch
+from attrs import frozen
 
 from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
 from dspark_core.costs.base import CostSample
 from dspark_core.geometry import legal_tiers
 from dspark_core.models.random_models import random_draft, random_target, tiny_target_config
 from dspark_core.models.reference import greedy_generate
+from dspark_core.policy import StepPlan
+from dspark_plugins.policies.adaptive import AdaptivePolicy
 from dspark_core.table import CostTable, IntervalFit, default_lookup, fit_table
 
 
@@ -54,6 +57,15 @@ def draft_off_table(width: int, buckets: tuple[int, ...], *, off_seconds: float 
                                    contexts=(ContextInterval(64, 1, 4096),), warmup_steps=1, window_steps=4,
                                    windows_per_point=1, token_seed=1)
     return fit_table(settings, samples, default_lookup())
+
+
+@frozen
+class NeverDrafts(AdaptivePolicy):
+    """Adaptive whose plan turns the draft off on every step, so every step is a copy step or a
+    draft-off step."""
+
+    def plan(self, ctx, confidences, caps):
+        return StepPlan(draft=False)
 
 
 class DraftDouble:

@@ -147,6 +147,13 @@ def serve_flags(target: Path, draft: Path, *extra: str) -> list[str]:
             "--max_model_len=128", *extra]
 
 
+def calibrated_launch(tmp_path: Path, target: Path, draft: Path, *extra: str):
+    """The launch of a tiny pair calibrated with ``CAL`` (written under ``tmp_path``)."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    return resolve_launch(parse_serve_args([*serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}"), *extra]))
+
+
 def start(argv, *, capture=True):
     config = parse_serve_args(argv)
     launch = resolve_launch(config)
@@ -206,9 +213,7 @@ def test_probing_a_bucket_whose_prompts_are_admitted_over_several_steps(tmp_path
     # a prefill budget below the bucket's prompts (on the H200: 64 x 256 tokens against 8 192) admits
     # them over two steps, and the step in between runs in a smaller bucket than the point probes
     target, draft = checkpoints
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(CAL))
-    launch = resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))
+    launch = calibrated_launch(tmp_path, target, draft)
     engine = build_engine(launch)
     engine.scheduler.max_prefill_tokens = CAL["contexts"][0]["prefill_tokens"]  # one prompt per step
     buckets = []
@@ -221,11 +226,7 @@ def test_probing_a_bucket_whose_prompts_are_admitted_over_several_steps(tmp_path
 
 def test_a_max_model_len_beyond_the_model_context_is_capped_and_said(tmp_path, checkpoints):
     target, draft = checkpoints  # the tiny target's context is 512 positions
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(CAL))
-    config = parse_serve_args([*serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}"),
-                               "--max_model_len=100000"])
-    launch = resolve_launch(config)
+    launch = calibrated_launch(tmp_path, target, draft, "--max_model_len=100000")
     with structlog.testing.capture_logs() as logs:
         engine = build_engine(launch)
         bring_up(engine, launch, progress=False)
@@ -237,15 +238,13 @@ def test_a_max_model_len_beyond_the_model_context_is_capped_and_said(tmp_path, c
     assert audit["max_model_len"] == 512
     engine.close()
     with structlog.testing.capture_logs() as logs:  # within the limit: nothing to say
-        build_engine(resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))).close()
+        build_engine(calibrated_launch(tmp_path, target, draft)).close()
     assert not [e for e in logs if e["event"].startswith("max_model_len capped")]
 
 
 def test_a_startup_abort_stops_calibration_at_its_next_step_and_leaves_the_engine_clean(tmp_path, checkpoints):
     target, draft = checkpoints
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps(CAL))
-    launch = resolve_launch(parse_serve_args(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}")))
+    launch = calibrated_launch(tmp_path, target, draft)
     engine = build_engine(launch)
     steps = []
 

@@ -14,7 +14,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from attrs import frozen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,10 +26,10 @@ from dspark_core.graphs import static_shapes
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.speculators_io import config_from_speculators, config_to_speculators
 from dspark_core.plugins import default_hooks
-from dspark_core.policy import StepPlan, TierContext, copy_step_choice
-from dspark_plugins.policies.adaptive import AdaptivePolicy
+from dspark_core.policy import TierContext, copy_step_choice
 from dspark_kernels.copy_lookup import copy_lookup, copy_lookup_reference
-from engine_support import DraftDouble, draft_off_table, greedy_references, random_prompts, synthetic_table, tiny_pair
+from engine_support import (DraftDouble, NeverDrafts, draft_off_table, greedy_references, random_prompts, synthetic_table,
+                            tiny_pair)
 
 MAX_TOKENS = 40
 BUCKETS = (1, 2, 4, 8, 16)
@@ -362,15 +361,6 @@ def test_the_option_is_on_by_default_and_checked():
 
 
 # -- copy steps in the engine -----------------------------------------------------------------
-
-@frozen
-class NeverDrafts(AdaptivePolicy):
-    """Adaptive whose plan turns the draft off on every step, so every step is a copy step or a
-    draft-off step."""
-
-    def plan(self, ctx, confidences, caps):
-        return StepPlan(draft=False)
-
 
 class CountingDraft(DraftDouble):
     """The real tiny draft, counting its proposals."""

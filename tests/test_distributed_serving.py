@@ -66,6 +66,13 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
                 results.put((rank, type(exc).__name__, (str(exc), time.monotonic() - started, handle.lost.is_set())))
             handle.close()
             return
+        if mode == "copy-steps":
+            # only rank 0 decides, so only its policy and prices are pinned: every step draft-off, and
+            # rows cheap against a draft-off step, so confident copies pay whatever calibration measured
+            from engine_support import NeverDrafts, draft_off_table
+
+            handle.engine.set_policy(NeverDrafts(copy_steps=True))
+            handle.engine.install_table(draft_off_table(5, (1, 2, 4), off_seconds=0.02, per_row=0.0005))
         outputs = handle.engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         stats = [(sum(o.verify_widths), o.steps, o.copy_steps) for o in outputs]
         handle.close()
@@ -179,7 +186,7 @@ def test_adaptive_copy_steps_on_two_ranks_match_single_rank_greedy(checkpoints, 
     """Rank 0 decides a copy step's tier and lengths and broadcasts them like a drafted step's; the
     worker runs the copy key from the step's announcement and verifies the same rows."""
     target, draft, cal = checkpoints
-    got = run_ranks(flags(target, draft, f"--adaptive_dspark_calibration={cal}", "--copy_proposals=on"))
+    got = run_ranks(flags(target, draft, f"--adaptive_dspark_calibration={cal}", "--copy_proposals=on"), mode="copy-steps")
     assert got[0][0] != "error" and got[1][0] != "error", got
     tokens, stats = got[0][1]
     assert tokens == reference and got[1][1] == 0

@@ -120,15 +120,16 @@ class BroadcastDecision:
 
     def split(self, kernels: object, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor:
-        lengths = self.inner.split(kernels, confidences, caps, choice, request_bucket)
-        dist.broadcast(_pack_decision(choice, lengths, caps), 0, group=self.group.model_group)
-        return lengths
+        return self._broadcast(choice, self.inner.split(kernels, confidences, caps, choice, request_bucket), caps)
 
     def copy_split(self, kernels: Any, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
                    request_bucket: int) -> torch.Tensor:
         """A copy step's lengths (none when it stays draft-off), broadcast like a drafted step's."""
         lengths = (torch.zeros_like(caps) if choice.draft_off
                    else allocate_split(kernels, confidences, caps, choice, request_bucket))
+        return self._broadcast(choice, lengths, caps)
+
+    def _broadcast(self, choice: TierChoice, lengths: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
         dist.broadcast(_pack_decision(choice, lengths, caps), 0, group=self.group.model_group)
         return lengths
 

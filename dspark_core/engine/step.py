@@ -169,13 +169,9 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
         # choose_copy_tier / copy_split, and every outcome goes through its split, draft-off too
         choose = getattr(policy, "choose_copy_tier", copy_step_choice)
         choice = choose(step.tier_context, proposal.confidences.cpu().numpy().astype(np.float64), caps)
-        copy_split = getattr(policy, "copy_split", None)
-        if copy_split is not None:
-            bucket = step.tier_context.request_bucket
-            return Budget(choice, copy_split(step.runner.kernels, proposal.confidences, step.caps, choice, bucket))
-        if choice.draft_off:
+        split = getattr(policy, "copy_split", allocate_split)
+        if choice.draft_off and split is allocate_split:
             return Budget(choice, torch.zeros_like(step.caps))
-        split = allocate_split
     else:
         tier_confidences = step.tier_confidences
         if tier_confidences is None and not reads_confidences(policy):

@@ -171,7 +171,7 @@ class AdaptivePolicy:
     # this many standard errors of it
     draft_off_margin: float = DEFAULT_DRAFT_OFF_MARGIN
     # a draft-off step still looks up copy proposals and verifies them where the table says they pay
-    # (copy steps, :func:`~dspark_core.policy.copy_step_choice`; needs a launch with copies; one rank)
+    # (copy steps, :func:`~dspark_core.policy.copy_step_choice`; needs a launch with copies)
     copy_steps: bool = True
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
