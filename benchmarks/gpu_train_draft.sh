@@ -34,6 +34,9 @@ from dspark_core.train.data import write_sharegpt_extract
 bench = {json.loads(line)["messages"][0]["content"] for line in open(".gpu/heldout-bench.jsonl")}
 n = write_sharegpt_extract(Path(".gpu/train/sharegpt.jsonl.gz"), max_chars=2000, answer_chars=2048, exclude=bench)
 print(f"ShareGPT extract: {n} records (the {len(bench)} held-out bench prompts left out) -> .gpu/train/sharegpt.jsonl.gz")
+from dspark_core.train.later_turns import write_later_extract
+n = write_later_extract(Path(".gpu/train/sharegpt-later.jsonl.gz"), max_chars=2000, max_context_chars=2000, exclude_first=bench)
+print(f"later-turn extract: {n} exchanges (the held-out bench prompts' conversations left out) -> .gpu/train/sharegpt-later.jsonl.gz")
 PY
   # fewer, larger model parts: each call carries the tree plus at most 64 MiB in all, and the last part
   # travels with .gpu/train (every call saved is device time)
@@ -97,6 +100,9 @@ SHARD=${SHARD:-512}
 ROWS=${ROWS:-16384}
 ON_POLICY_MIN=${ON_POLICY_MIN:-2.5}
 ON_POLICY_FROM=${ON_POLICY_FROM:-0}  # first training prompt answered on-policy (a fresh machine: skip those an earlier run answered)
+LATER_TURNS=${LATER_TURNS:-0}      # later turns of the conversations added (prefill + on-policy, theirs first in ON_POLICY_MIN)
+MAX_CONTEXT_CHARS=${MAX_CONTEXT_CHARS:-2000}  # history + question characters a later turn keeps
+SHAREGPT_LATER=${SHAREGPT_LATER:-$root/.gpu/train/sharegpt-later.jsonl.gz}
 STEPS=${STEPS:-3000}
 SEQS=${SEQS:-64}
 ANCHORS=${ANCHORS:-24}
@@ -116,6 +122,7 @@ if [ "${TINY:-0}" = 1 ]; then
   DEVICE=${DEVICE_TINY:-cpu}; PROMPTS=24; HELDOUT=6; MAX_TOKENS=40; GEN_BATCH=8; SHARD=8; ROWS=256
   STEPS=30; EVAL_EVERY=10; EVAL_BATCH=4; WIDTHS=2,4; tiny=(--tiny)
   INIT_DRAFT=""; EVAL_MTBENCH=${EVAL_MTBENCH_TINY:-1}  # a random tiny target has no shipped draft to start from
+  LATER_TURNS=${LATER_TURNS_TINY:-4}
 elif [ "${SMALL:-0}" = 1 ]; then  # real SmolLM2, CPU-sized
   PROMPTS=40; HELDOUT=8; MAX_TOKENS=32; GEN_BATCH=16; SHARD=16; ROWS=2048; ON_POLICY_MIN=0.5
   STEPS=20; SEQS=4; ANCHORS=8; EVAL_EVERY=10; TRAIN_MIN=1; EVAL_LIMIT=4; EVAL_BATCH=4
@@ -142,12 +149,16 @@ stage() {  # stage NAME LIMIT_S STDOUT_FILE|- CMD...: time-limited; stderr (and 
   return "$rc"
 }
 rm -f "$WORK/stages.jsonl" "$WORK/calibrate.json" "$WORK/eval-mtbench.json"
-say "device $DEVICE; python $PY; prompts $PROMPTS heldout $HELDOUT max_tokens $MAX_TOKENS gen_batch $GEN_BATCH steps $STEPS seqs $SEQS lr $LR"
+say "device $DEVICE; python $PY; prompts $PROMPTS later turns $LATER_TURNS heldout $HELDOUT max_tokens $MAX_TOKENS gen_batch $GEN_BATCH steps $STEPS seqs $SEQS lr $LR"
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1 | tee -a "$LOG"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader | tee -a "$LOG"
 
 src=()
 [ -n "$SHAREGPT" ] && src=(--sharegpt="$SHAREGPT")
+if [ "$LATER_TURNS" != 0 ]; then
+  src+=(--later_turns="$LATER_TURNS" --max_context_chars="$MAX_CONTEXT_CHARS")
+  [ -f "$SHAREGPT_LATER" ] && src+=(--sharegpt_later="$SHAREGPT_LATER")
+fi
 run_dir=$WORK/run
 # 1. features (held-out on-policy, ShareGPT answers prefill-only, on-policy answers within ON_POLICY_MIN) + training
 LIMIT_TRAIN=${LIMIT_TRAIN:-470}

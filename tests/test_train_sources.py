@@ -452,6 +452,7 @@ def test_gpu_script_runs_on_the_cpu_in_tiny_mode(tmp_path):
     assert [(s["stage"], s["rc"]) for s in res["stages"]] == [("train-draft", 0), ("calibrate", 0), ("eval-mtbench", 0)]
     assert res["curve"] and res["calibrate"]["blocks"] > 0 and set(res["eval_mtbench"]["widths"]) == {"2", "4"}
     assert res["train_summary"]["answers"] == ["on_policy", "sharegpt"]
+    assert res["train_summary"]["later_turns"] == 4 and "later" in res["train_summary"]["shards"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert files == ["draft.tar.part-0", "log.txt", "results.json"] and len(files) <= 8
     unpack = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_train_draft.sh"), "unpack", str(tmp_path / "out"),

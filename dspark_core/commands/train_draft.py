@@ -82,6 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "training prompt, e.g. where an earlier run on another machine stopped. Default: 0.")
     a("--on_policy_minutes", type=float, default=0.0, help="With --answers=on_policy,sharegpt: start no new on-policy shard "
                                                           "after this many minutes (the rest waits for a later run; 0 = no limit).")
+    a("--later_turns", type=int, default=0, help="With ShareGPT pairs (--answers=sharegpt or on_policy,sharegpt): also train on "
+                                                "this many later turns of the conversations, each with the history before it; they "
+                                                "get the same answer sources, their on-policy answers first within --on_policy_minutes. "
+                                                "A held-out prompt keeps its whole conversation out. Default: 0.")
+    a("--max_context_chars", type=int, default=2000, help="With --later_turns: characters of history plus question a later "
+                                                         "turn keeps (oldest exchanges dropped first). Default: 2000.")
+    a("--sharegpt_later", default=None, help="With --later_turns: their source, when --sharegpt is a first-turn extract: the "
+                                             "wheel, its JSON, or an extract written by "
+                                             "dspark_core.train.later_turns.write_later_extract. Default: the --sharegpt source.")
     a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
     a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
@@ -128,7 +137,9 @@ def options_from_args(args: argparse.Namespace):
               "extra_features": args.extra_features,
               "answers": answers, "sharegpt": Path(args.sharegpt) if args.sharegpt else None,
               "on_policy_prompts": args.on_policy_prompts, "on_policy_from": args.on_policy_from,
-              "on_policy_minutes": args.on_policy_minutes, "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
+              "on_policy_minutes": args.on_policy_minutes, "later_turns": args.later_turns,
+              "max_context_chars": args.max_context_chars, "sharegpt_later": Path(args.sharegpt_later) if args.sharegpt_later else None,
+              "shard_size": args.shard_size, "rows_per_forward": args.rows_per_forward,
               "init_from_target_layer": args.init_from_target_layer, "init_draft": args.init_draft,
               "baseline_draft": args.baseline_draft, "device": str(device), "dtype": args.dtype,
               "features_on_device": on_device, "max_prompt_chars": args.max_prompt_chars,

@@ -206,16 +206,21 @@ def write_sharegpt_extract(path: Path, source: Path | None = None, *, pool: int 
     return n
 
 
-def answer_ids(tokenizer, prompt_ids: list[int], prompt: str, answer: str, max_tokens: int) -> list[int]:
-    """Token ids of ``answer`` as the assistant turn after ``prompt`` in the chat template.
+def _messages(prompt: str | Sequence[dict]) -> list[dict]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
-    The full two-turn conversation is rendered and the prompt's ids (with the
+
+def answer_ids(tokenizer, prompt_ids: list[int], prompt: str | Sequence[dict], answer: str, max_tokens: int) -> list[int]:
+    """Token ids of ``answer`` as the assistant turn after ``prompt`` (a user message, or a whole
+    conversation ending with one) in the chat template.
+
+    The whole conversation is rendered and the prompt's ids (with the
     generation prompt) are cut off its front, so the answer is tokenized as
     the target sees it in context. The turn ends with the template's end
     token (SmolLM2: ``<|im_end|>``, its EOS), kept like the EOS of an
     on-policy answer; answers longer than ``max_tokens`` are cut there.
     """
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+    text = tokenizer.apply_chat_template(_messages(prompt) + [{"role": "assistant", "content": answer}],
                                          add_generation_prompt=False)
     full = tokenizer.encode(text)
     if full[: len(prompt_ids)] == list(prompt_ids):
@@ -230,7 +235,7 @@ def answer_ids(tokenizer, prompt_ids: list[int], prompt: str, answer: str, max_t
     return ids[:max_tokens]
 
 
-def tokenize_pair(tokenizer, prompt: str, answer: str, max_tokens: int) -> tuple[list[int], list[int]]:
+def tokenize_pair(tokenizer, prompt: str | Sequence[dict], answer: str, max_tokens: int) -> tuple[list[int], list[int]]:
     """(prompt ids in the chat template, answer ids in context, at most ``max_tokens``) of one ShareGPT pair.
 
     The answer text is cut to 16 characters per allowed token before rendering, which
@@ -261,8 +266,7 @@ def chat_ids(tokenizer, prompt: str | Sequence[dict]) -> list[int]:
     """
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    return tokenizer.encode(tokenizer.apply_chat_template(messages))
+    return tokenizer.encode(tokenizer.apply_chat_template(_messages(prompt)))
 
 
 def write_generations(path: Path, prompts: list[list[int]], answers: list[list[int]]) -> None:

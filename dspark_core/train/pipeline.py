@@ -94,6 +94,14 @@ def _on_policy_from(options: PipelineOptions, attribute, value: int) -> None:
                           "it picks which training prompts of the ShareGPT pairs are answered on-policy")
 
 
+def _later_turns(options: PipelineOptions, attribute, value: int) -> None:
+    if value < 0:
+        raise ConfigError(f"--later_turns must be at least 0, got {value}")
+    if value and "sharegpt" not in options.answers:
+        raise ConfigError(f"--later_turns {value} needs ShareGPT pairs, i.e. --answers=sharegpt or on_policy,sharegpt "
+                          f"(got {','.join(options.answers)})")
+
+
 def _skip_prompts(options: PipelineOptions, attribute, value: int) -> None:
     if not 0 <= value < options.prompts:
         raise ConfigError(f"--skip_prompts must be at least 0 and below --prompts ({options.prompts}), got {value}")
@@ -139,6 +147,11 @@ class PipelineOptions:
     # (a GPU lent for minutes) then answers the prompts an earlier run had no time for, instead of the same ones again
     on_policy_from: int = field(default=0, validator=_on_policy_from)
     on_policy_minutes: float = 0.0  # with answers=on_policy,sharegpt: start no new on-policy shard after this long (0 = no limit)
+    # later turns of ShareGPT conversations added to training (train.later_turns): how many pairs, how many characters
+    # of history each keeps, and their source (None: --sharegpt; a first-turn extract holds none)
+    later_turns: int = field(default=0, validator=_later_turns)
+    max_context_chars: int = field(default=2000, validator=_at_least_one)
+    sharegpt_later: Path | None = None
     shard_size: int = 64
     rows_per_forward: int = 2048  # prefill-only source: rows per target forward
     init_from_target_layer: int | None = None
@@ -179,6 +192,22 @@ def _suffix(opts: PipelineOptions, aux: tuple[int, ...]) -> str:
     return f"-s{opts.settings.seed}-c{chars}-t{opts.max_tokens}{skip}-a{'-'.join(map(str, aux))}-k{opts.topk}{dt}"
 
 
+_SHARD_NAMES = {  # source -> (tiny-mode folder, folder name after the target's)
+    "on_policy": ("shards", "sharegpt"), "sharegpt": ("shards-sharegpt", "sharegpt-answers"),
+    "pairs": ("shards-pairs-on-policy", "sharegpt-pairs-on-policy"),
+    "later": ("shards-later", "sharegpt-later-answers"), "later-pairs": ("shards-later-on-policy", "sharegpt-later-on-policy"),
+}
+
+
+def _shard_sources(opts: PipelineOptions) -> tuple[str, ...]:
+    """The shard folders a run with these options reads (keys of ``_SHARD_NAMES``)."""
+    if "sharegpt" not in opts.answers:
+        return ("on_policy",)
+    on_policy = "on_policy" in opts.answers
+    later = (("later",) + (("later-pairs",) if on_policy else ())) if opts.later_turns else ()
+    return (("pairs",) if on_policy else ()) + ("sharegpt",) + later
+
+
 def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_policy") -> Path:
     """Where the feature shards of these options and ``source`` live.
 
@@ -187,12 +216,14 @@ def shard_dir(opts: PipelineOptions, aux: tuple[int, ...], source: str = "on_pol
     prompt comes from :func:`data.sharegpt_pairs`, and its on-policy answers go
     to ``...-pairs-on-policy``, ShareGPT's own to ``...-sharegpt-answers``.
     """
+    tiny, name = _SHARD_NAMES[source]
+    # later turns depend on how many, how much history, and which conversations the held-out prompts keep out
+    later = f"-n{opts.later_turns}-x{opts.max_context_chars}-p{opts.prompts}-h{opts.heldout}" if source.startswith("later") else ""
     if opts.tiny:
-        return opts.output / {"on_policy": "shards", "sharegpt": "shards-sharegpt", "pairs": "shards-pairs-on-policy"}[source]
+        return opts.output / tiny
     base = Path(opts.features_dir or data.data_cache_dir().parent / "features")
     stem = Path(str(opts.target)).stem
-    name = {"on_policy": "sharegpt", "sharegpt": "sharegpt-answers", "pairs": "sharegpt-pairs-on-policy"}[source]
-    return base / f"{stem}-{name}{_suffix(opts, aux)}"
+    return base / f"{stem}-{name}{_suffix(opts, aux)}{later}"
 
 
 def _shards(where: Path, items: list, chunk: int, make, log, what: str, minutes: float = 0.0):
@@ -249,12 +280,13 @@ def _on_policy(target, opts: PipelineOptions, aux, prompt_ids: list[list[int]], 
     return _shards(where, prompt_ids, opts.shard_size, make, log, what, minutes)
 
 
-def _prefill(target, opts: PipelineOptions, aux, pairs: list[tuple[list[int], list[int]]], where: Path, log):
+def _prefill(target, opts: PipelineOptions, aux, pairs: list[tuple[list[int], list[int]]], where: Path, log,
+             what: str = "prefill features (ShareGPT answers)"):
     def make(group):
         feats = compute_features(target, group, aux, k=opts.topk, rows_per_forward=opts.rows_per_forward, progress=False)
         return [list(p) for p, _ in group], [list(a) for _, a in group], feats
 
-    return _shards(where, pairs, opts.shard_size, make, log, "prefill features (ShareGPT answers)")
+    return _shards(where, pairs, opts.shard_size, make, log, what)
 
 
 def _prompt_draw(opts: PipelineOptions) -> dict:
@@ -263,19 +295,44 @@ def _prompt_draw(opts: PipelineOptions) -> dict:
             "max_chars": opts.max_prompt_chars}
 
 
-def _tokenized_pairs(target, opts: PipelineOptions) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of ShareGPT pairs; answers of one token or none are dropped."""
-    if opts.tiny:
-        prompts = tiny_prompts(target, opts)
-        return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))[opts.skip_prompts:]
-    tok = target.tokenizer
-    out = []
-    records = data.sharegpt_pairs(opts.sharegpt, **_prompt_draw(opts))
-    for prompt, answer in records[opts.skip_prompts:]:
-        p, a = data.tokenize_pair(tok, prompt, answer, opts.max_tokens)
+def _tokenized(tokenizer, records, max_tokens: int) -> tuple[list[tuple[list[int], list[int]]], list]:
+    """(prompt ids, answer ids) of (prompt, answer) records, and the prompts kept: answers of one
+    token or none are dropped."""
+    out, kept = [], []
+    for prompt, answer in records:
+        p, a = data.tokenize_pair(tokenizer, prompt, answer, max_tokens)
         if len(a) >= 2:
             out.append((p, a))
-    return out
+            kept.append(prompt)
+    return out, kept
+
+
+def _tokenized_pairs(target, opts: PipelineOptions) -> tuple[list[tuple[list[int], list[int]]], list]:
+    """(prompt ids, answer ids) of ShareGPT pairs, and their prompt texts (tiny mode: the ids)."""
+    if opts.tiny:
+        prompts = tiny_prompts(target, opts)
+        pairs = list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))[opts.skip_prompts:]
+        return pairs, [p for p, _ in pairs]
+    records = data.sharegpt_pairs(opts.sharegpt, **_prompt_draw(opts))
+    return _tokenized(target.tokenizer, records[opts.skip_prompts:], opts.max_tokens)
+
+
+def _later_pairs(target, opts: PipelineOptions, held_prompts: list) -> list[tuple[list[int], list[int]]]:
+    """``opts.later_turns`` tokenized later-turn pairs, none from a held-out prompt's conversation."""
+    if not opts.later_turns:
+        return []
+    if opts.tiny:  # longer random prompts (a history) and random answers
+        g = torch.Generator().manual_seed(opts.settings.seed + 2)
+        vocab = target.config.vocab_size - 1
+        prompts = [torch.randint(vocab, (int(torch.randint(12, 30, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(opts.later_turns)]
+        return list(zip(prompts, tiny_answers(target, opts, len(prompts)), strict=True))
+    from dspark_core.train import later_turns
+
+    records = later_turns.later_pairs(opts.sharegpt_later or opts.sharegpt, limit=opts.later_turns, seed=opts.settings.seed,
+                                      exclude_first=held_prompts, min_chars=opts.min_prompt_chars,
+                                      max_chars=opts.max_prompt_chars, max_context_chars=opts.max_context_chars)
+    return _tokenized(target.tokenizer, records, opts.max_tokens)[0]
 
 
 def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
@@ -295,11 +352,15 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
         train_idx, held_idx = split(pairs, opts.heldout)
         held = feats.subset(held_idx) if held_idx else None
         return feats.subset(train_idx), held, [pairs[i] for i in held_idx]
-    pairs = _tokenized_pairs(target, opts)
+    pairs, texts = _tokenized_pairs(target, opts)
     cut = max(1, len(pairs) - opts.heldout) if len(pairs) > 1 else len(pairs)
     train_pairs, held_prompts = pairs[:cut], [p for p, _ in pairs[cut:]]
     log(f"{len(pairs)} ShareGPT pairs ({sum(len(p) for p, _ in pairs)} prompt and {sum(len(a) for _, a in pairs)} answer tokens); "
         f"{len(train_pairs)} for training, {len(held_prompts)} held-out prompts answered on-policy")
+    later = _later_pairs(target, opts, texts[cut:])  # drawn before any feature: a source without later turns fails now
+    if later:
+        log(f"{len(later)} later-turn pairs ({sum(len(p) for p, _ in later)} prompt and {sum(len(a) for _, a in later)} "
+            "answer tokens) for training")
     held, held_pairs = None, []
     if held_prompts:  # first: calibration and checkpoint choice need them
         # the held-out prompts are the tail of the --prompts list, so the folder names both counts: runs
@@ -310,13 +371,25 @@ def collect(target, opts: PipelineOptions, aux: tuple[int, ...], log):
     where = shard_dir(opts, aux, "sharegpt")
     log(f"prefill-only features of {len(train_pairs)} ShareGPT answers; shards in {where}")
     parts = _prefill(target, opts, aux, train_pairs, where, log)[2]
+    if later:
+        where = shard_dir(opts, aux, "later")
+        log(f"prefill-only features of {len(later)} later-turn ShareGPT answers; shards in {where}")
+        parts += _prefill(target, opts, aux, later, where, log, "prefill features (later turns)")[2]
     if "on_policy" in opts.answers:  # last, so that a time budget only trims this part
+        started = time.perf_counter()
+        if later:  # first: they are new prompts, while earlier drafts trained on the first turns' answers
+            where = shard_dir(opts, aux, "later-pairs")
+            log(f"on-policy answers to {len(later)} later-turn prompts; shards in {where}")
+            parts += _on_policy(target, opts, aux, [p for p, _ in later], where, log, "on-policy answers (later turns)",
+                                opts.on_policy_minutes)[2]
+        # one budget for both: what the later turns used is gone (a spent budget still reads cached shards)
+        minutes = max(opts.on_policy_minutes - (time.perf_counter() - started) / 60, 1e-9) if opts.on_policy_minutes else 0.0
         chosen = [p for p, _ in train_pairs][opts.on_policy_from :][: opts.on_policy_prompts or None]
         where = shard_dir(opts, aux, "pairs")
         if opts.on_policy_from:  # shards are numbered from the first prompt answered
             where = where / f"from-{opts.on_policy_from}"
         log(f"on-policy answers to {len(chosen)} training prompts (from prompt {opts.on_policy_from}); shards in {where}")
-        parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features", opts.on_policy_minutes)[2]
+        parts += _on_policy(target, opts, aux, chosen, where, log, "on-policy answers with features", minutes)[2]
     return concat_features(parts), held, held_pairs
 
 
@@ -438,12 +511,12 @@ def run_pipeline(opts: PipelineOptions, *, progress: bool = True, log=print):
         save_half(draft, out, verifier=verifier)
     (opts.output / "train-summary.json").write_text(json.dumps({
         "answers": list(opts.answers), "device": str(device), "dtype": opts.dtype,
-        "shards": {src: str(shard_dir(opts, cfg.aux_layer_ids, src)) for src in (
-            ("on_policy",) if "sharegpt" not in opts.answers else (("pairs",) if "on_policy" in opts.answers else ()) + ("sharegpt",))},
+        "shards": {src: str(shard_dir(opts, cfg.aux_layer_ids, src)) for src in _shard_sources(opts)},
         "train_sequences": train_feats.num_sequences, "train_rows": int(train_feats.tokens.numel()),
         "train_answer_tokens": train_feats.answer_tokens, "heldout_sequences": len(held_pairs),
         "extra_features": [str(d) for d in opts.extra_features],
         "init_from_target_layer": opts.init_from_target_layer, "init_draft": opts.init_draft,
+        "later_turns": opts.later_turns, "max_context_chars": opts.max_context_chars,
         "skip_prompts": opts.skip_prompts, "prompt_chars": [opts.min_prompt_chars, opts.max_prompt_chars], "steps": opts.settings.steps, "ce_weight": opts.settings.ce_weight, "steps_done": len(losses), "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None, "chosen": "draft-best" if evaluate and best_dir.is_dir() else "last",
         "best": info.get("best"), "baseline": baseline, "feature_stages": dict(STATS), "seconds": {"load": round(t1 - t0, 1), "features": round(t2 - t1, 1), "train": round(t3 - t2, 1)},
