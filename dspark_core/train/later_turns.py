@@ -63,7 +63,7 @@ def conversation_exchanges(record: object, *, min_chars: int = MIN_PROMPT_CHARS,
     for turn in record.get("conversations") or []:
         role = _ROLES.get(turn.get("from")) if isinstance(turn, dict) else None
         text = turn.get("value") if role else None
-        if not isinstance(text, str) or not text.strip():
+        if role is None or not isinstance(text, str) or not text.strip():
             return  # an unknown role or an empty turn: the rest of the conversation cannot be rendered
         if turns and turns[-1]["role"] == role:
             return  # two turns of one side in a row: not a chat the template can render
