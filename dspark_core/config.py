@@ -77,6 +77,7 @@ class ServeConfig:
     enable_task_pipeline: bool = flag(True, "Return results and confidences asynchronously (two steps in flight).", group="graphs")
     enable_unified_mtp_graph: bool = flag(False, "Fuse draft and target into one graph. Must stay false on the adaptive path.", group="graphs")
     captured_target_rows: str = flag("all", "Target-row tiers to capture per request bucket: every legal tier, or only multiples of the bucket (one tier per average verify length; far fewer graphs to warm on a CPU).", choices=["all", "bucket_multiples"], group="graphs")
+    captured_kv_spans: str = flag("auto", "KV lengths the decode keys are also captured for, besides the whole cache: a step reads the shortest that holds its requests' positions, so attention over short contexts does not pay for the longest one. `auto`: 256, 512, ... below --max_model_len on a backend that captures device graphs (cudagraph, aclgraph), none on one that runs eagerly (static), which reads only what each step needs; `off`; or a comma-separated list such as `512,1024`. Each span multiplies the keys to capture.", group="graphs")
     max_seqs_per_batch: int = flag(16, "Most requests decoded together; the largest request bucket.", group="graphs")
     acl_graph_decode_batch_size_limit: int = flag(16, "Largest captured decode request bucket.", group="graphs")
     # --- calibration and cost tables ---

@@ -111,3 +111,38 @@ class Geometry:
     @property
     def max_bucket(self) -> int:
         return self.request_buckets[-1]
+
+
+#: Shortest KV span a captured backend prepares keys for (``--captured_kv_spans=auto``); the
+#: spans double from here while they stay below the cache length.
+MIN_KV_SPAN = 256
+
+
+def kv_spans(value: str, max_len: int, captured: bool) -> tuple[int, ...]:
+    """The KV spans below ``max_len`` that keys reading the KV cache are prepared for, besides the
+    whole cache, from ``--captured_kv_spans``: ``auto`` (doubling from :data:`MIN_KV_SPAN` on a
+    backend that captures device graphs; none on one that runs eagerly, which reads only what a
+    step needs anyway), ``off``, or a comma-separated list of positions."""
+    value = value.strip()
+    if value == "off" or (value == "auto" and not captured):
+        return ()
+    if value == "auto":
+        spans, span = [], MIN_KV_SPAN
+        while span < max_len:
+            spans.append(span)
+            span *= 2
+        return tuple(spans)
+    try:
+        spans = sorted({int(x) for x in value.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--captured_kv_spans={value!r}: give auto, off or comma-separated positive integers") from None
+    bad = [s for s in spans if not 0 < s < max_len]
+    if not spans or bad:
+        raise ConfigError(f"--captured_kv_spans={value!r}: each span must be between 1 and the cache length minus one "
+                          f"({max_len - 1}); the whole cache is always prepared")
+    return tuple(spans)
+
+
+def span_for(spans: Iterable[int], kv_length: int) -> int:
+    """The shortest span holding ``kv_length`` positions, or 0 (the whole cache) when none does."""
+    return min((s for s in spans if s >= kv_length), default=0)

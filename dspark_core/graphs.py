@@ -29,10 +29,11 @@ GraphFn = Callable[..., tuple[torch.Tensor, ...]]
 
 
 _STATIC_SHAPES = contextvars.ContextVar("dspark_static_shapes", default=False)
+_KV_SPAN = contextvars.ContextVar("dspark_kv_span", default=0)
 
 
 @contextmanager
-def static_shapes() -> Iterator[None]:
+def static_shapes(kv_span: int = 0) -> Iterator[None]:
     """Ask targets and the draft for their static-shape forward inside this block (this thread only).
 
     A device graph records kernels with fixed shapes and cannot read values back
@@ -41,17 +42,31 @@ def static_shapes() -> Iterator[None]:
     (every row of the tier, the full cache length), with identical results. The
     DSpark draft does the same for its context read (the whole per-slot context
     cache, masked by position).
+
+    ``kv_span`` > 0 reads only the first ``kv_span`` positions of each slot
+    instead of the whole cache: a key captured for a span serves steps whose
+    every position is below it (see :class:`BindingKey`).
     """
-    token = _STATIC_SHAPES.set(True)
+    token, span = _STATIC_SHAPES.set(True), _KV_SPAN.set(kv_span)
     try:
         yield
     finally:
+        _KV_SPAN.reset(span)
         _STATIC_SHAPES.reset(token)
 
 
 def static_shapes_active() -> bool:
     """True inside :func:`static_shapes`."""
     return _STATIC_SHAPES.get()
+
+
+def static_kv_length(cache_length: int) -> int:
+    """Key positions a static-shape forward reads per slot: the span of :func:`static_shapes`, or the
+    whole ``cache_length`` without one."""
+    span = _KV_SPAN.get()
+    if span > cache_length:
+        raise GraphError(f"KV span {span} is longer than the cache ({cache_length} positions)")
+    return span or cache_length
 
 
 class GraphError(DSparkError):
@@ -70,10 +85,16 @@ class BindingKey:
     # "verify" (target forward), "verify+context" (the bucket's own tier, also writing the draft's
     # context: drafted steps) or "propose" (draft block)
     stage: str = "verify"
+    # key positions read per slot (0: the whole cache). On a captured backend attention over the
+    # cache length costs the same for a 100-token request as for a 2 000-token one, so the keys
+    # that read the KV cache are prepared for a few spans and a step takes the shortest that holds
+    # every position it may touch
+    kv_span: int = 0
 
     def describe(self) -> str:
         rows = f" rows={self.target_rows}" if self.stage.startswith("verify") else ""
-        return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows} {self.dtype}@{self.device}"
+        span = f" kv={self.kv_span}" if self.kv_span else ""
+        return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows}{span} {self.dtype}@{self.device}"
 
 
 @define
@@ -166,7 +187,7 @@ class CapturedGraphBackend(GraphBackend):
         raise NotImplementedError
 
     def _capture(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:
-        with static_shapes():
+        with static_shapes(key.kv_span):
             return self._record(key, fn, inputs)
 
     def _record(self, key: BindingKey, fn: GraphFn, inputs: dict[str, torch.Tensor]) -> _Prepared:

@@ -145,7 +145,7 @@ def build_engine(launch: Launch) -> Engine:
         draft_width=max(launch.geometry.draft_width, 1), policy=launch.policy, policy_options=launch.policy_options,
         request_buckets=launch.geometry.request_buckets, max_model_len=config.max_model_len,
         schedule_overlap=config.enable_schedule_overlap and config.enable_task_pipeline,
-        copy_proposals=config.copy_proposals,
+        copy_proposals=config.copy_proposals, captured_kv_spans=config.captured_kv_spans,
     )
     geometry = launch.geometry if launch.geometry.draft_width else None
     engine = Engine(target, draft, engine_config, hooks=launch.hooks, geometry=geometry, graphs=graphs)

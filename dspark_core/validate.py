@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from dspark_core.config import ServeConfig
 from dspark_core.errors import ConfigError
+from dspark_core.geometry import kv_spans
 
 SUPPORTED_WIDTHS = (5, 7)
 
@@ -80,6 +81,11 @@ def _basic_problems(c: ServeConfig) -> list[str]:
         problems.append(f"cpu_threads={c.cpu_threads}: must be >= 0 (0 = torch's default)")
     if c.max_model_len < 2:
         problems.append(f"max_model_len={c.max_model_len}: must be >= 2")
+    else:
+        try:
+            kv_spans(c.captured_kv_spans, c.max_model_len, captured=True)
+        except ConfigError as exc:
+            problems.append(str(exc).removeprefix("--"))
     if not 0 <= c.port <= 65535:
         problems.append(f"port={c.port}: must be in 0..65535")
     if c.speculative and c.num_speculative_tokens < 1:

@@ -157,7 +157,7 @@ class StandInCapturedBackend(CapturedGraphBackend):
     def _replay(self, key, prepared):
         _active.replaying = True
         try:
-            with static_shapes():
+            with static_shapes(key.kv_span):
                 fresh = self._fns[key](**prepared.inputs)
             for out, new in zip(prepared.outputs, fresh, strict=True):
                 out.copy_(new)

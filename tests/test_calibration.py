@@ -185,6 +185,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["settings"]["draft_width"] == 5
     assert audit["geometry"]["request_buckets"] == [1, 2]
     assert audit["max_model_len"] == 128
+    assert audit["kv_spans"] == []  # the static CPU backend runs eagerly: no spans by default
     assert audit["copy_orders"] == []  # the tiny draft's config asks for no copies
     engine.close()
 

@@ -162,3 +162,21 @@ def test_only_tensor_parallel_layouts_start(tmp_path):
         start_rank(config)
     with pytest.raises(DistributedError, match="nnodes >= 2"):
         start_rank(parse_serve_args([f"--model={tmp_path}"]))
+
+
+def test_decode_announcement_carries_the_kv_span():
+    """A worker replays the key of rank 0's span: the DECODE payload holds it, and the replayed step gets it."""
+    from types import SimpleNamespace
+
+    from dspark_core.distributed.control import encode_decode, replay_decode
+
+    step = SimpleNamespace(draft=True, copy_only=False, kv_span=512, policy=SimpleNamespace(uses_draft=True),
+                           tier_context=SimpleNamespace(request_bucket=4))
+    payload = encode_decode(step, [3, 1])
+    replayed = []
+    engine = SimpleNamespace(runner=SimpleNamespace(device=torch.device("cpu")), storage=None,
+                             policy=SimpleNamespace(uses_draft=True), config=SimpleNamespace(draft_width=5),
+                             geometry=Geometry.bucket_multiples(5, (1, 2, 4)), decode_on_device=replayed.append)
+    assert replay_decode(engine, None, payload) == 2
+    (got,) = replayed
+    assert (got.kv_span, got.slots.tolist(), got.tier_context.request_bucket, got.draft) == (512, [3, 1], 4, True)

@@ -27,7 +27,7 @@ def test_step_profile_times_every_pair_and_writes_the_profile(tmp_path):
                            f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5",
                            f"--calibration={cal}", "--max_seqs_per_batch=4", f"--prompts_file={prompts}",
                            "--pairs", "fixed-k5:2,none:1,adaptive:4", "--warmup", "2", "--steps", "5",
-                           "--attention", "matmul", "--output", str(out)],
+                           "--attention", "matmul", "--captured_kv_spans", "64", "--output", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -35,7 +35,8 @@ def test_step_profile_times_every_pair_and_writes_the_profile(tmp_path):
     rows = [(r["policy"], r["concurrency"], r["steps"]) for r in saved["results"]]
     assert rows == [("fixed-k5", 2, 5), ("none", 1, 5), ("adaptive", 4, 5)]
     assert all(r["step_ms_median"] > 0 for r in saved["results"]) and saved["meta"]["device"] == "cpu"
-    assert saved["meta"]["attention"] == "matmul"
+    assert saved["meta"]["attention"] == "matmul" and saved["meta"]["captured_kv_spans"] == "64"
+    assert saved["meta"]["kv_spans"] == [64] and saved["meta"]["keys"] > 0
     # profiled without overlap, so the step's own operators (the target's linear layers) are in the table
     assert "aten::linear" in out.with_suffix(".txt").read_text()
 
@@ -63,7 +64,7 @@ def test_the_sitting_script_is_valid_bash_and_names_its_parts():
     script = ROOT / "benchmarks" / "h200" / "sitting.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
-    for part in ("env", "attention-micro", "exactness-float32", "bench-k7", "step-profile", "step-profile-sdpa",
+    for part in ("env", "attention-micro", "exactness-float32", "bench-k7", "step-profile", "step-profile-nospans", "step-profile-sdpa",
                  "exactness-bfloat16", "host-overhead"):
         assert f"part {part} " in text and part in text.split("PARTS=${PARTS:-")[1].split("}")[0]
 

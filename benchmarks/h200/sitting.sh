@@ -19,8 +19,10 @@
 # if their limits add up to less: issue 17 asks for exactness on 80 prompts x 128 tokens, so the
 # first call is PARTS=env,attention-micro,exactness-float32,bench-k7 with LIMIT_attention_micro=40
 # LIMIT_bench_k7=230 PER_CONCURRENCY=4,16,64,64 (570 s of limits). The second gets what is left,
-# about 250 s: PARTS=step-profile,step-profile-sdpa STEPS=30 LIMIT_step_profile=110
-# LIMIT_step_profile_sdpa=110. exactness-bfloat16 and host-overhead then wait for another session.
+# about 250 s: PARTS=step-profile,step-profile-nospans,step-profile-sdpa STEPS=20 LIMIT_step_profile=80
+# LIMIT_step_profile_nospans=80 LIMIT_step_profile_sdpa=80. exactness-bfloat16 and host-overhead then wait
+# for another session. KV spans (--captured_kv_spans=auto: 256, 512, 1 024) capture each cache-reading key
+# four times: read the warmup seconds in the first part's log before trusting these limits.
 # A shorter sitting (a device call that shares its minutes with other work) names fewer parts, smaller
 # sizes, the bench's POLICIES and per-part limits, e.g. LIMIT_bench_k7=150.
 # A dry run here on the CPU with tiny sizes (what to run before spending device time):
@@ -40,7 +42,7 @@ STEPS=${STEPS:-50}
 CALIBRATION=${CALIBRATION:-$(cd "$(dirname "$0")" && pwd)/calibration-k7.json}
 MAX_SEQS=${MAX_SEQS:-64}
 POLICIES=${POLICIES:-}  # bench policies (empty: the bench's default list)
-PARTS=${PARTS:-env,attention-micro,exactness-float32,bench-k7,step-profile,step-profile-sdpa,exactness-bfloat16,host-overhead}
+PARTS=${PARTS:-env,attention-micro,exactness-float32,bench-k7,step-profile,step-profile-nospans,step-profile-sdpa,exactness-bfloat16,host-overhead}
 CLI=${CLI:-dspark-core}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -97,6 +99,10 @@ TABLE=()
 [ -f "$OUT/bench-k7/cost-table.json" ] && TABLE=(--cost_table "$OUT/bench-k7/cost-table.json")
 part step-profile 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \
     --prompts_file "$PROMPTS_FILE" --pairs "$PAIRS" --steps "$STEPS" --output "$OUT/step-profile.json"
+
+# the same pairs with every key reading the whole 2 048-position cache (no KV spans): what spans bought
+part step-profile-nospans 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \
+    --prompts_file "$PROMPTS_FILE" --pairs "$PAIRS" --steps "$STEPS" --captured_kv_spans off --output "$OUT/step-profile-nospans.json"
 
 # the same pairs with SDPA attention everywhere (before the matmul form): what the change bought end to end
 part step-profile-sdpa 150 "$PY" "$HERE/step_profile.py" --device "$DEVICE" "${TABLE[@]}" --max_seqs_per_batch "$MAX_SEQS" \

@@ -85,6 +85,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--attention", default="auto", choices=ATTENTION_KERNELS,
                         help="Attention kernel for the whole run (layers.set_attention_kernel); captured graphs keep it.")
+    parser.add_argument("--captured_kv_spans", default="auto", help="As the serve flag: auto, off or a list of spans.")
     parser.add_argument("--output", required=True, help="JSON results; the profiler table goes beside it (.txt).")
     args = parser.parse_args()
     set_attention_kernel(args.attention)
@@ -95,7 +96,7 @@ def main() -> int:
         model=args.model, draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
         captured_target_rows="bucket_multiples", calibration=args.calibration, cost_table=args.cost_table,
         dtype=args.dtype, draft_dtype="auto", device=args.device, python_graph_backend="auto",
-        max_seqs_per_batch=args.max_seqs_per_batch, json=True))
+        max_seqs_per_batch=args.max_seqs_per_batch, captured_kv_spans=args.captured_kv_spans, json=True))
     device = str(engine.runner.device)
     policies = _policies(engine.hooks, sorted({name for name, _ in args.pairs}), args.num_speculative_tokens)
     results = []
@@ -126,7 +127,9 @@ def main() -> int:
     engine.close()
     meta = {"device": device, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-            "dtype": args.dtype, "attention": args.attention, "command": " ".join(sys.argv)}
+            "dtype": args.dtype, "attention": args.attention, "captured_kv_spans": args.captured_kv_spans,
+            "kv_spans": list(engine.runner.kv_spans),
+            "keys": len(engine.runner.graphs.keys) if engine.runner.graphs is not None else 0, "command": " ".join(sys.argv)}
     Path(args.output).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     return 0
 

@@ -114,6 +114,8 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
                              if engine.runner.graphs is not None else "disabled",
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
                              "max_model_len": engine.max_model_len,
+                             # KV spans the cache-reading keys were also captured for ([]: the whole cache only)
+                             "kv_spans": list(engine.runner.kv_spans),
                              # []: the draft proposes alone; else the key lengths copy proposals try
                              "copy_orders": list(engine.runner.copy_orders)}
     if source == "saved table":

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in the package for the width (K=5 or 7).")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
+    parser.add_argument("--captured_kv_spans", default="auto",
+                        help="KV spans the decode keys are also captured for (as the serve flag): auto, off or a list.")
     parser.add_argument("--device", default="auto",
                         help="Device plugin of the in-process engine, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--python_graph_backend", default="auto",
@@ -74,7 +76,8 @@ def _engine(args: argparse.Namespace):
              f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
-             f"--cpu_threads={getattr(args, 'cpu_threads', 1)}"]
+             f"--cpu_threads={getattr(args, 'cpu_threads', 1)}",
+             f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}"]
     copies = getattr(args, "copy_proposals", "auto")
     flags.append(f"--copy_proposals={'on' if copies == 'both' else copies}")
     largest = getattr(args, "max_seqs_per_batch", 16)  # the captured request buckets end there too

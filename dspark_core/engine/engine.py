@@ -24,7 +24,7 @@ from dspark_core.engine.scheduler import Scheduler
 from dspark_core.engine.step import DecodeStep, StepResult, StepStages
 from dspark_core.engine.stops import StopChecker
 from dspark_core.errors import ConfigError, StartupAborted
-from dspark_core.geometry import Geometry, kv_reserve
+from dspark_core.geometry import Geometry, kv_reserve, kv_spans
 from dspark_core.graphs import GraphBackend
 from dspark_core.models.base import DraftModel, TargetModel
 from dspark_core.plugins import Hooks, default_hooks
@@ -50,7 +50,9 @@ class Engine:
         self.max_model_len = min(config.max_model_len, target.config.max_position)
         self.runner = ModelRunner(target, draft if self.policy.uses_draft else None, draft_width=config.draft_width,
                                   num_slots=num_slots, max_len=self.max_model_len, graphs=graphs,
-                                  copy_proposals=config.copy_proposals)
+                                  copy_proposals=config.copy_proposals,
+                                  kv_spans=kv_spans(config.captured_kv_spans, self.max_model_len,
+                                                    graphs is not None and graphs.records))
         self.storage = self.runner.storage
         self.scheduler = Scheduler(self.storage, num_slots, config.max_prefill_tokens)
         self.queue = DeviceQueue(config.schedule_overlap)

@@ -89,7 +89,7 @@ class StepPlanner:
         copy_only = not plan.draft and self.runner.copies_on and bool(getattr(policy, "copy_steps", False))
         step = DecodeStep(self.runner, self.storage, policy, ctx, bucket_slots[:n], bucket_caps[:n],
                           host_caps=cap_values, draft=plan.draft, copy_only=copy_only, index=index,
-                          bucket_slots=bucket_slots, bucket_caps=bucket_caps)
+                          bucket_slots=bucket_slots, bucket_caps=bucket_caps, kv_span=self.runner.span_for(kv))
         if lag > 0:
             step.tier_confidences = known
         if plan.draft and queue_depth > 1 and lag == 1:  # the next step will wait for this proposal

@@ -26,6 +26,8 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     schedule_overlap: bool = False  # launch step t+1 before step t's results are back
     copy_proposals: str = "auto"  # auto (as the draft's config says), on or off (dspark_core.engine.copies)
+    # KV spans the cache-reading keys are also prepared for: auto, off or a list (geometry.kv_spans)
+    captured_kv_spans: str = "auto"
 
 
 @frozen

@@ -17,7 +17,7 @@ from dspark_core.engine.copies import copy_settings
 from dspark_core.engine.draft_context import DraftContextQueue
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.errors import ConfigError, ModelError
-from dspark_core.geometry import Geometry
+from dspark_core.geometry import Geometry, span_for
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes_active
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
 from dspark_kernels import kernels_for
@@ -39,13 +39,16 @@ class ModelRunner:
     storage (anchors, committed tokens) that a step reads and commits to on the device."""
 
     def __init__(self, target: TargetModel, draft: DraftModel | None, *, draft_width: int, num_slots: int,
-                 max_len: int, graphs: GraphBackend | None = None, copy_proposals: str = "auto") -> None:
+                 max_len: int, graphs: GraphBackend | None = None, copy_proposals: str = "auto",
+                 kv_spans: tuple[int, ...] = ()) -> None:
         self.target = target
         self.graphs = graphs
         self.draft = draft
         self.draft_width = draft_width
         self.num_slots = num_slots
         self.max_len = max_len
+        # KV spans (below max_len) the keys reading the cache are also prepared for (geometry.kv_spans)
+        self.kv_spans = tuple(sorted(kv_spans))
         self.scratch_slot = num_slots
         self.device = target.device
         self.kernels = kernels_for(draft_width)
@@ -128,7 +131,11 @@ class ModelRunner:
         return out.logits.argmax(dim=-1)
 
     # -- the draft proposal, through the graph backend ----------------------------
-    def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None
+    def span_for(self, kv_length: int) -> int:
+        """The KV span of a step whose positions are all below ``kv_length`` (0: the whole cache)."""
+        return span_for(self.kv_spans, kv_length)
+
+    def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None, kv_span: int = 0
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """K drafted tokens and their confidences for the requests in ``slots``, drafted from their
         anchors in slot storage and recorded there.
@@ -141,15 +148,17 @@ class ModelRunner:
             self.flush_draft_context()
             return self._propose_fn(slots, copies=self.copies_on)
         n = slots.shape[0]
-        tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket)
+        tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket, kv_span)
         return tokens[:n], confidences[:n]
 
-    def propose_bucket(self, bucket_slots: torch.Tensor, request_bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose_bucket(self, bucket_slots: torch.Tensor, request_bucket: int, kv_span: int = 0
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's ``propose`` key on slots already padded to it (the scratch slot); returns the
         key's whole outputs, one row per bucket entry (rows of the scratch slot are meaningless)."""
         self.flush_draft_context()
         assert self.graphs is not None, "propose_bucket runs the proposal key of a graph backend"
-        tokens, confidences = self.graphs.run(self.proposal_key(request_bucket, self.copies_on), {"slot_ids": bucket_slots})
+        key = self.proposal_key(request_bucket, self.copies_on, kv_span)
+        tokens, confidences = self.graphs.run(key, {"slot_ids": bucket_slots})
         return tokens, confidences
 
     def copy_bucket(self, bucket_slots: torch.Tensor, request_bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,11 +196,11 @@ class ModelRunner:
                               "(copy_proposals=off, or auto with a draft whose config sets no copy_order)")
         self.copies_on = on
 
-    def proposal_key(self, request_bucket: int, copies: bool = False) -> BindingKey:
+    def proposal_key(self, request_bucket: int, copies: bool = False, kv_span: int = 0) -> BindingKey:
         weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
         dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
         return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device),
-                          stage="propose+copy" if copies else "propose")
+                          stage="propose+copy" if copies else "propose", kv_span=kv_span)
 
     def _propose_fn(self, slot_ids: torch.Tensor, *, copies: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposal key: anchors from slot storage, the draft's block (led by copied tokens with
@@ -224,12 +233,12 @@ class ModelRunner:
         return torch.where(is_copy, copied, tokens), torch.where(is_copy, copy_confidences, confidences.float())
 
     # -- verify, accept and commit, through the graph backend -----------------------
-    def binding_key(self, request_bucket: int, target_rows: int, write_context: bool = False) -> BindingKey:
+    def binding_key(self, request_bucket: int, target_rows: int, write_context: bool = False, kv_span: int = 0) -> BindingKey:
         """The verify key of a (bucket, tier); the bucket's own tier has a second key that writes its rows
         into the draft's context (``write_context``, stage ``verify+context``), used by drafted steps."""
         own_tier_writes = write_context and target_rows == request_bucket
         return BindingKey(self.draft_width, request_bucket, target_rows, str(self.target.dtype).removeprefix("torch."),
-                          str(self.device), stage="verify+context" if own_tier_writes else "verify")
+                          str(self.device), stage="verify+context" if own_tier_writes else "verify", kv_span=kv_span)
 
     def verify_inputs(self, drafts: torch.Tensor, lengths: torch.Tensor | None, confidences: torch.Tensor,
                       caps: torch.Tensor, slots: torch.Tensor, request_bucket: int,
@@ -307,7 +316,7 @@ class ModelRunner:
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
                       draft_rows: int = -1, queue_context: bool = True, live: int | None = None,
-                      drafted: bool = False) -> tuple[PackedRows, Acceptance, torch.Tensor, torch.Tensor]:
+                      drafted: bool = False, kv_span: int = 0) -> tuple[PackedRows, Acceptance, torch.Tensor, torch.Tensor]:
         """Verify ``lengths[r]`` drafted tokens of every request in a tier of ``target_rows`` rows and
         commit; with ``lengths`` None, split ``draft_rows`` among the requests by ``confidences`` and
         ``caps`` first (the allocate kernel). Returns the packed rows, the acceptance, the lengths and
@@ -320,7 +329,8 @@ class ModelRunner:
         draft-off step it queues its rows, which are written only if the draft runs again, and only with
         ``queue_context`` (False for a policy that never drafts). Any input may come
         already padded to the bucket; ``live`` then says how many requests are real (by default as many
-        as ``slots`` has entries).
+        as ``slots`` has entries). ``kv_span`` picks the key prepared for that span (:meth:`span_for`):
+        every position the step touches must be below it.
         """
         if lengths is None and (draft_rows < 0 or self.draft is None):
             raise ValueError("verify_commit: a split inside the key needs a draft and draft_rows >= 0")
@@ -328,7 +338,7 @@ class ModelRunner:
                                     draft_rows if lengths is None else -1)
         write_context = self.context_write_now(request_bucket, target_rows, drafted)
         if self.graphs is not None:
-            outputs = self.graphs.run(self.binding_key(request_bucket, target_rows, write_context), inputs)
+            outputs = self.graphs.run(self.binding_key(request_bucket, target_rows, write_context, kv_span), inputs)
         else:
             outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
         accepted, committed, verified, tokens, positions, row_slots, row_offsets, host_result = outputs[:8]
@@ -340,16 +350,19 @@ class ModelRunner:
 
     def warmup(self, geometry: Geometry) -> None:
         """Prepare every bucket's proposal key (with a draft) and every (bucket, tier) verify key (split,
-        verify, accept, commit); writes touch only the scratch slot."""
+        verify, accept, commit), each for the whole cache and every KV span; writes touch only the
+        scratch slot."""
         if self.graphs is None:
             return
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        spans = (0, *self.kv_spans)
         for bucket in geometry.request_buckets:
             if self.draft is not None:
                 scratch = {"slot_ids": as_long([self.scratch_slot] * bucket)}
                 for copies in (False, True) if self.copy_orders else (False,):
-                    self.graphs.prepare(self.proposal_key(bucket, copies), partial(self._propose_fn, copies=copies),
-                                        scratch)
+                    for span in spans:
+                        self.graphs.prepare(self.proposal_key(bucket, copies, span), partial(self._propose_fn, copies=copies),
+                                            scratch)
                 if self.copy_orders:
                     self.graphs.prepare(self.copy_key(bucket), self._copy_fn, scratch)
             no_requests = torch.zeros(0, self.draft_width, device=self.device)
@@ -359,7 +372,8 @@ class ModelRunner:
                 variants = (False, True) if rows == bucket and self.draft is not None else (self.writes_context(bucket, rows),)
                 for write in variants:
                     fn = partial(self._verify_fn, target_rows=rows, write_context=write)
-                    self.graphs.prepare(self.binding_key(bucket, rows, write), fn, example)
+                    for span in spans:
+                        self.graphs.prepare(self.binding_key(bucket, rows, write, span), fn, example)
 
 
 def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:

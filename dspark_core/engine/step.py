@@ -106,6 +106,9 @@ class DecodeStep:
     # they pay (see :func:`~dspark_core.policy.copy_step_choice`); only with ``draft`` False
     copy_only: bool = False
     index: int = 0  # the engine's decode-step counter when the step was built
+    # KV positions the step's keys read per slot (0: the whole cache): every position it may touch
+    # is below it (ModelRunner.span_for)
+    kv_span: int = 0
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
     proposal_ready: Future[np.ndarray] | None = None
@@ -143,11 +146,11 @@ def propose(step: DecodeStep) -> Proposal:
         return Proposal(zeros[:n], zero_confidences[:n], zeros, zero_confidences)
     bucket = step.tier_context.request_bucket
     if step.bucket_slots is not None and step.runner.graphs is not None:
-        bucket_tokens, bucket_confidences = step.runner.propose_bucket(step.bucket_slots, bucket)
+        bucket_tokens, bucket_confidences = step.runner.propose_bucket(step.bucket_slots, bucket, step.kv_span)
         bucket_confidences = bucket_confidences.float()
         tokens, confidences = bucket_tokens[:n], bucket_confidences[:n]
     else:
-        tokens, confidences = step.runner.propose_from_storage(step.slots, bucket)
+        tokens, confidences = step.runner.propose_from_storage(step.slots, bucket, step.kv_span)
         confidences, bucket_tokens, bucket_confidences = confidences.float(), None, None
     if step.proposal_ready is not None:
         step.proposal_ready.set_result(confidences.cpu().numpy().astype(np.float64))
@@ -200,7 +203,7 @@ def verify(step: DecodeStep, proposal: Proposal, budget: Budget) -> Verification
         _padded_or(step.bucket_slots, step.slots), bucket, choice.rows,
         confidences=_padded_or(proposal.bucket_confidences, proposal.confidences),
         caps=_padded_or(step.bucket_caps, step.caps), draft_rows=draft_rows, queue_context=step.policy.uses_draft,
-        live=step.slots.shape[0], drafted=step.draft and step.policy.uses_draft)
+        live=step.slots.shape[0], drafted=step.draft and step.policy.uses_draft, kv_span=step.kv_span)
     return Verification(packed, acceptance, committed=True, lengths=lengths, host_result=host_result)
 
 

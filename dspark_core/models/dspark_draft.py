@@ -34,7 +34,7 @@ from attrs import frozen
 from torch import nn
 
 from dspark_core.errors import ModelError
-from dspark_core.graphs import static_shapes_active
+from dspark_core.graphs import static_kv_length, static_shapes_active
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
@@ -136,9 +136,9 @@ class DSparkDraft(nn.Module):
         positions = (anchor_positions[:, None] + torch.arange(s, device=ids.device)).reshape(-1)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
         if static_shapes_active():
-            # graph capture: read every slot's whole context cache, the mask hides positions >= anchor;
-            # no host read and a key length fixed by the cache, with the eager result
-            ctx_len = self.context.max_len
+            # graph capture: read every slot's whole context cache (or the key's span of it), the mask
+            # hides positions >= anchor; no host read and a key length fixed by the key, with the eager result
+            ctx_len = static_kv_length(self.context.max_len)
         else:
             ctx_len = int(anchor_positions.max().item())  # context keys are positions < anchor
             if ctx_len > self.context.max_len:

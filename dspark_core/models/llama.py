@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dspark_core.errors import ModelError
-from dspark_core.graphs import static_shapes_active
+from dspark_core.graphs import static_kv_length, static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.layers import RowLayout, apply_rope, attend, grouped_mask, linear, rms_norm, rope_cos_sin, swiglu
@@ -127,7 +127,7 @@ class LlamaTarget(nn.Module):
         self.check_hidden_layers(hidden_layers)
         if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets,
-                                     max_rows=batch.num_rows, kv_len=cache.max_len)
+                                     max_rows=batch.num_rows, kv_len=static_kv_length(cache.max_len))
         else:
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot)
