@@ -8,7 +8,8 @@ import pytest
 
 from dspark_core.errors import ConfigError
 from dspark_core.train import data, later_turns
-from dspark_core.train.pipeline import PipelineOptions, run_pipeline
+from dspark_core.train.options import PipelineOptions
+from dspark_core.train.pipeline import run_pipeline
 from test_train_sources import CharTokenizer, options, quiet, shard_rows
 
 

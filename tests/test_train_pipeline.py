@@ -10,7 +10,8 @@ from dspark_core.models.base import make_forward_batch
 from dspark_core.models.random_models import random_draft, random_target
 from dspark_core.models.speculators_io import load_draft
 from dspark_core.train.blocks import train_blocks
-from dspark_core.train.pipeline import PipelineOptions, run_pipeline
+from dspark_core.train.options import PipelineOptions
+from dspark_core.train.pipeline import run_pipeline
 from dspark_core.train.train import TrainSettings
 
 

@@ -16,7 +16,9 @@ from dspark_core.models.base import make_forward_batch
 from dspark_core.train import data
 from dspark_core.train.features import FeatureSet
 from dspark_core.train.losses import dspark_loss, make_batch
-from dspark_core.train.pipeline import PipelineOptions, run_pipeline, shard_dir, tiny_answers, tiny_prompts, tiny_target
+from dspark_core.train.options import PipelineOptions
+from dspark_core.train.pipeline import run_pipeline
+from dspark_core.train.sources import shard_dir, tiny_answers, tiny_prompts, tiny_target
 from dspark_core.train.train import TrainSettings, copy_target_layers, init_draft, make_draft_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +87,13 @@ def test_heldout_is_on_policy_even_with_sharegpt_answers(prefill_run):
 
 def test_prefill_shards_resume_and_refuse_other_answers(prefill_run, tmp_path, monkeypatch):
     out, opts, _ = prefill_run
-    import dspark_core.train.pipeline as pipeline
+    import dspark_core.train.sources as sources
 
     def boom(*a, **k):
         raise AssertionError("features recomputed although every shard is on disk")
 
-    monkeypatch.setattr(pipeline, "compute_features", boom)
-    monkeypatch.setattr(pipeline, "generate_with_features", boom)
+    monkeypatch.setattr(sources, "compute_features", boom)
+    monkeypatch.setattr(sources, "generate_with_features", boom)
     again = options(tmp_path / "again", steps=2, answers="sharegpt")
     (tmp_path / "again").mkdir()
     for name in ("shards-sharegpt", "shards-pairs-on-policy"):

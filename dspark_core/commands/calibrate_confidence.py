@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             _print_copies(report["copies"])
         return 0
     if args.tiny:
-        from dspark_core.train.pipeline import tiny_target
+        from dspark_core.train.sources import tiny_target
 
         target = tiny_target(device, dtype)
     else:

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     device, dtype = setup(args)
     if args.tiny:
-        from dspark_core.train.pipeline import tiny_target
+        from dspark_core.train.sources import tiny_target
 
         if not args.prompts:
             raise ConfigError("eval-draft --tiny needs --prompts=RUN/heldout.jsonl (token ids; the tiny target has no tokenizer)")

@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace):
     import attrs
 
-    from dspark_core.train.pipeline import PipelineOptions, _answers
+    from dspark_core.train.options import PipelineOptions, _answers
     from dspark_core.train.losses import CE_WEIGHT
     from dspark_core.train.runtime import resolve_device
     from dspark_core.train.train import TrainSettings

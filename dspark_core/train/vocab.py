@@ -34,7 +34,7 @@ def shard_token_scores(shard_dirs: Iterable[Path], vocab_size: int) -> tuple[tor
         if not paths:
             raise ConfigError(f"--features: {directory} holds no feature shards (part-*.pt)")
         for path in paths:
-            shard = torch.load(path, weights_only=True)  # written by pipeline._shards
+            shard = torch.load(path, weights_only=True)  # written by sources._shards
             scores += token_counts(FeatureSet(**shard["features"]), vocab_size)
             shards += 1
     return scores, shards
