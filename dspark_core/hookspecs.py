@@ -91,8 +91,11 @@ def dspark_graph_backend(name: str, device: DeviceSpec) -> GraphBackend | None:
     ``device`` is the object returned by :func:`dspark_device`. Return
     ``None`` for names that are not yours; raise ``ConfigError`` when the name
     is yours but cannot run on ``device``. A backend captures or warms one
-    executable per binding key (K, request bucket, target rows, dtype, device)
-    during warmup and must never capture after the engine reports ready.
+    executable per binding key (K, request bucket, target rows, dtype, device,
+    KV span) during warmup and must never capture after the engine reports ready.
+    A backend whose ``records`` is true (device graphs) runs each key inside
+    ``graphs.static_shapes(key.kv_span)``, as :class:`~dspark_core.graphs.CapturedGraphBackend`
+    does, so that the models read exactly the key's KV span.
     """
 
 
