@@ -225,8 +225,8 @@ def test_copy_settings_follow_the_draft_config_and_the_mode(models):
     class Holder:
         config = fitted
 
-        def propose(self, anchors, positions, slots, prefix=None, prefix_lengths=None):
-            raise AssertionError("copy_settings only reads the signature")
+        def propose(self, anchors, positions, slots):
+            raise AssertionError("copy_settings only reads the config")
 
     assert copy_settings(Holder(), "auto", 5) == ((3, 2), [[0.9, 0.8, 0.7, 0.6, 0.5], [0.5] * 5])
     assert copy_settings(Holder(), "on", 5)[0] == (3, 2)
@@ -298,13 +298,31 @@ def test_bench_both_adds_a_nocopy_twin_per_drafting_policy():
         with_and_without_copies({"adaptive": policies["adaptive"], "adaptive-nocopy": policies["none"]})
 
 
-def test_a_draft_that_cannot_take_copies_is_refused_by_name(models):
-    from engine_support import DraftDouble
+class PlainDraft(DraftDouble):
+    """A draft whose ``propose`` takes the three arguments of the protocol and nothing else."""
 
-    _, draft = models
-    with pytest.raises(ConfigError, match="DraftDouble cannot start its block with copied tokens"):
-        copy_settings(DraftDouble(draft), "on", 5)
-    assert copy_settings(DraftDouble(draft), "auto", 5) == ((), [])  # its config asks for none: fine
+    def propose(self, anchors, positions, slots):
+        return self.inner.propose(anchors, positions, slots)
+
+
+def test_any_draft_serves_copies_and_a_copy_replaces_its_whole_block(models, prompts, references):
+    target, draft = models
+    engine, outputs = run(target, PlainDraft(draft), prompts, "fixed", {"k": 7}, copies="on")
+    assert [list(o.token_ids) for o in outputs] == references
+    baseline, _ = run(target, draft, prompts, "fixed", {"k": 7}, copies="off")
+    assert engine.counters.steps < 0.8 * baseline.counters.steps  # the copies were proposed and taken
+    # in the runner's block a found copy fills every position, so the draft's own tokens never show
+    small = Engine(target, PlainDraft(draft), EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
+                                                           max_model_len=64, copy_proposals="on"))
+    runner = small.runner
+    sequence = [3, 4, 5, 6, 3, 4]
+    runner.prefill([sequence[:-1]], [0])
+    runner.storage.start(torch.tensor([0]), torch.tensor([5]), torch.tensor([4]))
+    copied, lengths, _ = runner.storage.copies(torch.tensor([0]), runner.copy_orders)
+    assert lengths.tolist() == [5]
+    tokens, _ = runner.propose_from_storage(torch.tensor([0]))
+    assert tokens[0].tolist() == copied[0].tolist() == [5, 6, 3, 4, 5]
+    small.close()
 
 
 # -- copy steps: the choice -------------------------------------------------------------------

@@ -34,23 +34,8 @@ def copy_settings(draft: DraftModel | None, mode: str, draft_width: int
     orders = {"auto": own, "on": own or DEFAULT_COPY_ORDERS, "off": ()}[mode]
     if draft is None or not orders:
         return (), []
-    if not takes_prefix(draft):
-        raise ConfigError(f"copy_proposals={mode}: the draft {type(draft).__name__} cannot start its block with "
-                          "copied tokens (its propose() takes no prefix and prefix_lengths); use copy_proposals=off")
     fitted = getattr(config, "copy_confidences", None) if orders == own else None
     if fitted:
         return orders, [list(row[:draft_width]) for row in fitted]
     return orders, [[DEFAULT_COPY_CONFIDENCE] * draft_width for _ in orders]
 
-
-def takes_prefix(draft: DraftModel) -> bool:
-    """Whether ``draft.propose`` accepts the copied-token keywords ``prefix`` and ``prefix_lengths``."""
-    import inspect
-
-    try:
-        parameters = inspect.signature(draft.propose).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: assume the protocol
-        return True
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return True
-    return {"prefix", "prefix_lengths"} <= set(parameters)

@@ -222,13 +222,14 @@ class ModelRunner:
                      copied: torch.Tensor | None = None, copy_lengths: torch.Tensor | None = None,
                      copy_confidences: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft's block; with ``copied`` tokens, request b's block starts with the first
-        ``copy_lengths[b]`` of them, with ``copy_confidences[b]`` as their confidences."""
+        ``copy_lengths[b]`` of them, with ``copy_confidences[b]`` as their confidences. The lookup
+        fills the whole width wherever it finds a copy (it repeats a short one), so a block is all
+        copy or all draft, and the draft needs no part in it."""
         assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
-        if copied is None or copy_lengths is None or copy_confidences is None:
-            tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
-            return tokens[:, : self.draft_width], confidences[:, : self.draft_width]
-        tokens, confidences = self.draft.propose(anchors, positions, slot_ids, prefix=copied, prefix_lengths=copy_lengths)
+        tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
         tokens, confidences = tokens[:, : self.draft_width], confidences[:, : self.draft_width]
+        if copied is None or copy_lengths is None or copy_confidences is None:
+            return tokens, confidences
         is_copy = torch.arange(self.draft_width, device=tokens.device).unsqueeze(0) < copy_lengths.unsqueeze(1)
         return torch.where(is_copy, copied, tokens), torch.where(is_copy, copy_confidences, confidences.float())
 

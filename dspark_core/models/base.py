@@ -153,15 +153,10 @@ class DraftModel(Protocol):
         """Append the target's hidden states of the given rows to their slots' context."""
         ...
 
-    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor,
-                prefix: torch.Tensor | None = None,
-                prefix_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A block of drafted tokens and their confidences per request.
-
-        With copy proposals on, the engine also passes ``prefix`` [B, P] and ``prefix_lengths`` [B]:
-        tokens copied from the request's text that the block starts with (see
-        :meth:`dspark_core.models.dspark_draft.DSparkDraft.propose`). A draft that leaves them out
-        is used only with copies off."""
+    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
+                slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block of drafted tokens and their confidences per request. Copy proposals need
+        nothing from the draft: the engine replaces the block of a request that has one."""
         ...
 
 

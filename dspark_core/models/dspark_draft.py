@@ -178,32 +178,18 @@ class DSparkDraft(nn.Module):
     # -- inference ---------------------------------------------------------------
 
     @torch.no_grad()
-    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor,
-                prefix: torch.Tensor | None = None, prefix_lengths: torch.Tensor | None = None
+    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy block for each request: target-vocabulary tokens ``[B, K]`` and confidences ``[B, K]``.
-
-        With ``prefix`` [B, P] and ``prefix_lengths`` [B] (copy proposals), request b's first
-        ``prefix_lengths[b]`` tokens are taken from the prefix, and the Markov chain continues from
-        them, so the drafted tokens after a copy follow the copied text. Confidences stay the head's
-        own (the caller knows better for copied tokens). Drafts without a confidence head report
-        confidence 1.0 everywhere.
+        Drafts without a confidence head report confidence 1.0 everywhere.
         """
         c = self.config
         hidden = self._proposal_hidden(anchor_tokens, anchor_positions, slot_ids)
         base = linear(hidden, self._head_weight()).float()  # [B, K, V_draft]
         to_target = self.draft_to_target()
         head = self.markov_head
-
-        def forced(j: int, drafted: torch.Tensor) -> torch.Tensor:
-            if prefix is None or prefix_lengths is None or j >= prefix.shape[1]:
-                return drafted
-            return torch.where(prefix_lengths > j, prefix[:, j], drafted)
-
         if head is None:  # no token feeds the next position: the whole block in one argmax
             out_tokens, prev_emb = to_target[base.argmax(-1)], None
-            if prefix is not None and prefix_lengths is not None:
-                out_tokens = torch.stack([forced(j, out_tokens[:, j]) for j in range(out_tokens.shape[1])], dim=1)
         else:
             # only the greedy chain is sequential (position j's bias needs token j-1); the confidence
             # head then runs once for the block, since on the CPU a step is bound by per-op overhead
@@ -211,7 +197,7 @@ class DSparkDraft(nn.Module):
             for j in range(c.num_speculative_tokens):
                 embs.append(head.markov_w1(prev))
                 bias, state = head.step(embs[-1], hidden[:, j], state)
-                prev = forced(j, to_target[(base[:, j] + bias).argmax(-1)])  # float32 + the bias, promoted
+                prev = to_target[(base[:, j] + bias).argmax(-1)]  # float32 + the bias, promoted
                 tokens.append(prev)
             out_tokens, prev_emb = torch.stack(tokens, dim=1), torch.stack(embs, dim=1)
         if self.confidence_head is None:
