@@ -157,10 +157,20 @@ def test_history_holds_prompt_and_committed_tokens(models, prompts):
     engine.close()
 
 
-def test_proposal_starts_with_the_copy_and_its_confidences(models):
+class PlainDraft(DraftDouble):
+    """A draft whose ``propose`` takes the three arguments of the protocol and nothing else."""
+
+    def propose(self, anchors, positions, slots):
+        return self.inner.propose(anchors, positions, slots)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["dspark", "plain-draft"])
+def test_proposal_starts_with_the_copy_and_its_confidences(models, plain):
     """The runner's proposal from slot storage: copied tokens first, with the copy confidences;
-    in static-shape mode (what a captured key records) the same, with no host read."""
+    in static-shape mode (what a captured key records) the same, with no host read. A found copy
+    fills the whole block, so a draft with nothing but the protocol's ``propose`` serves copies too."""
     target, draft = models
+    draft = PlainDraft(draft) if plain else draft
     engine = Engine(target, draft, EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
                                                 max_model_len=64, copy_proposals="on"))
     runner = engine.runner
@@ -298,31 +308,12 @@ def test_bench_both_adds_a_nocopy_twin_per_drafting_policy():
         with_and_without_copies({"adaptive": policies["adaptive"], "adaptive-nocopy": policies["none"]})
 
 
-class PlainDraft(DraftDouble):
-    """A draft whose ``propose`` takes the three arguments of the protocol and nothing else."""
-
-    def propose(self, anchors, positions, slots):
-        return self.inner.propose(anchors, positions, slots)
-
-
-def test_any_draft_serves_copies_and_a_copy_replaces_its_whole_block(models, prompts, references):
+def test_any_draft_serves_copies_exactly(models, prompts, references):
     target, draft = models
     engine, outputs = run(target, PlainDraft(draft), prompts, "fixed", {"k": 7}, copies="on")
     assert [list(o.token_ids) for o in outputs] == references
     baseline, _ = run(target, draft, prompts, "fixed", {"k": 7}, copies="off")
     assert engine.counters.steps < 0.8 * baseline.counters.steps  # the copies were proposed and taken
-    # in the runner's block a found copy fills every position, so the draft's own tokens never show
-    small = Engine(target, PlainDraft(draft), EngineConfig(draft_width=5, policy="fixed", request_buckets=(1, 2),
-                                                           max_model_len=64, copy_proposals="on"))
-    runner = small.runner
-    sequence = [3, 4, 5, 6, 3, 4]
-    runner.prefill([sequence[:-1]], [0])
-    runner.storage.start(torch.tensor([0]), torch.tensor([5]), torch.tensor([4]))
-    copied, lengths, _ = runner.storage.copies(torch.tensor([0]), runner.copy_orders)
-    assert lengths.tolist() == [5]
-    tokens, _ = runner.propose_from_storage(torch.tensor([0]))
-    assert tokens[0].tolist() == copied[0].tolist() == [5, 6, 3, 4, 5]
-    small.close()
 
 
 # -- copy steps: the choice -------------------------------------------------------------------
