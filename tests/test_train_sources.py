@@ -533,3 +533,30 @@ def test_init_draft_grows_a_trained_draft_by_identity_layers(tmp_path):
         grow_layers(trained, 1, 0)
     with pytest.raises(ConfigError, match="num_layers is 2, but --layers asks for 1"):
         start_from_draft(tmp_path / "two" / "draft", trained.config)
+
+
+def test_prefill_groups_stay_within_the_row_budget():
+    from dspark_core.train.features import _prefill_groups
+
+    assert _prefill_groups([5, 4, 3, 9, 2], 9) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert _prefill_groups([20, 1], 8) == [(0, 1), (1, 2)]  # a prompt over the budget is a group of its own
+    assert _prefill_groups([3, 3, 3], 100) == [(0, 3)]
+    assert _prefill_groups([], 8) == []
+
+
+def test_on_policy_answers_do_not_depend_on_how_the_prompts_are_prefilled():
+    """Prefill split into forwards of a few prompts each gives the answers and features of one forward over all."""
+    from dspark_core.train.features import generate_with_features
+
+    target = tiny_target()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(target.config.vocab_size - 1, (int(torch.randint(3, 14, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(9)]
+    aux = make_draft_config(target.config).aux_layer_ids
+    whole_pairs, whole = generate_with_features(target, prompts, aux, max_tokens=10, batch=9, rows_per_forward=10_000)
+    split_pairs, split = generate_with_features(target, prompts, aux, max_tokens=10, batch=9, rows_per_forward=20)
+    assert split_pairs == whole_pairs
+    assert torch.equal(split.tokens, whole.tokens) and torch.equal(split.offsets, whole.offsets)
+    assert torch.allclose(split.hidden.float(), whole.hidden.float(), atol=2e-3, rtol=1e-3)
+    assert torch.equal(split.topk_ids[:, 0], whole.topk_ids[:, 0])
+    assert torch.allclose(split.topk_probs.float(), whole.topk_probs.float(), atol=2e-3)

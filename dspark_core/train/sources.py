@@ -147,7 +147,8 @@ def _shards(where: Path, items: list, chunk: int, make, log, what: str, minutes:
 
 def _on_policy(target, opts: PipelineOptions, aux, prompt_ids: list[list[int]], where: Path, log, what: str, minutes: float = 0.0):
     def make(group):
-        got, feats = generate_with_features(target, group, aux, max_tokens=opts.max_tokens, k=opts.topk, batch=opts.gen_batch)
+        got, feats = generate_with_features(target, group, aux, max_tokens=opts.max_tokens, k=opts.topk, batch=opts.gen_batch,
+                                           rows_per_forward=opts.rows_per_forward)
         return [p for p, _ in got], [a for _, a in got], feats
 
     return _shards(where, prompt_ids, opts.shard_size, make, log, what, minutes)

@@ -43,7 +43,8 @@ def measure(target, pairs: list[tuple[list[int], list[int]]], aux: tuple[int, ..
     report: dict = {"sequences": len(pairs), "prompt_tokens": sum(len(p) for p, _ in pairs), "max_tokens": max_tokens}
     if "on_policy" in sources:
         t = time.perf_counter()
-        got, feats = generate_with_features(target, [p for p, _ in pairs], aux, max_tokens=max_tokens, k=topk, batch=gen_batch)
+        got, feats = generate_with_features(target, [p for p, _ in pairs], aux, max_tokens=max_tokens, k=topk, batch=gen_batch,
+                                           rows_per_forward=rows_per_forward)
         _sync(device)
         s = time.perf_counter() - t
         answer = sum(len(a) for _, a in got)
