@@ -165,6 +165,13 @@ def test_ce_weight_moves_the_loss_between_greedy_cross_entropy_and_l1():
     assert torch.allclose(ce, terms["ce"]) and torch.allclose(l1, terms["l1"]) and not torch.allclose(ce, l1)
     assert torch.allclose(dspark_loss(logits, None, batch, ce_weight=0.3)[0], 0.3 * ce + 0.7 * l1)
     assert torch.allclose(dspark_loss(logits, None, batch)[0], 0.1 * ce + 0.9 * l1)  # the shipped draft's mix
+    # the cross-entropy term is the position-weighted cross-entropy on the teacher's greedy token
+    from dspark_core.train.losses import position_weights
+
+    label = batch.teacher_ids[..., 0]
+    weight = position_weights(4) * (batch.valid & (label >= 0))
+    per_token = torch.nn.functional.cross_entropy(logits.flatten(0, -2), label.clamp_min(0).flatten(), reduction="none")
+    assert torch.allclose(ce, (per_token.view_as(label) * weight).sum() / weight.sum())
 
 
 @pytest.mark.parametrize("value", ["-0.1", "1.5", "half"])

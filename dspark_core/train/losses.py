@@ -120,11 +120,14 @@ def dspark_loss(logits: torch.Tensor, conf_logits: torch.Tensor | None, batch: B
     inside = batch.teacher_ids >= 0
     p = batch.teacher_probs * inside
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-6)
-    logq = torch.log_softmax(logits, dim=-1)
-    q_top = logq.gather(-1, batch.teacher_ids.clamp_min(0)).exp() * inside
+    # one gather serves both terms: the greedy label is the teacher's first top-k entry, so its
+    # log-probability is among the gathered ones. A separate nll_loss would scatter a second
+    # gradient the size of the logits (at 4 096 entries, most of a CPU step's backward outside the products)
+    logq_top = torch.log_softmax(logits, dim=-1).gather(-1, batch.teacher_ids.clamp_min(0))
+    q_top = logq_top.exp() * inside
     l1 = (q_top - p).abs().sum(-1) + (1.0 - q_top.sum(-1)).clamp_min(0.0)
     label = batch.teacher_ids[..., 0]
-    ce = F.nll_loss(logq.flatten(0, -2), label.clamp_min(0).flatten(), reduction="none").view_as(label)
+    ce = -logq_top[..., 0]
     ce_ok = batch.valid & (label >= 0)
     w = position_weights(logits.shape[2]).to(logits.device) * batch.valid
     total_w = w.sum().clamp_min(1e-6)
