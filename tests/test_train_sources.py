@@ -14,8 +14,8 @@ import torch
 from dspark_core.errors import ConfigError
 from dspark_core.models.base import make_forward_batch
 from dspark_core.train import data
-from dspark_core.train.features import FeatureSet
-from dspark_core.train.losses import dspark_loss, make_batch
+from dspark_core.train.features import FeatureSet, generate_with_features, packed_groups
+from dspark_core.train.losses import dspark_loss, make_batch, position_weights
 from dspark_core.train.options import PipelineOptions
 from dspark_core.train.pipeline import run_pipeline
 from dspark_core.train.sources import shard_dir, tiny_answers, tiny_prompts, tiny_target
@@ -166,8 +166,6 @@ def test_ce_weight_moves_the_loss_between_greedy_cross_entropy_and_l1():
     assert torch.allclose(dspark_loss(logits, None, batch, ce_weight=0.3)[0], 0.3 * ce + 0.7 * l1)
     assert torch.allclose(dspark_loss(logits, None, batch)[0], 0.1 * ce + 0.9 * l1)  # the shipped draft's mix
     # the cross-entropy term is the position-weighted cross-entropy on the teacher's greedy token
-    from dspark_core.train.losses import position_weights
-
     label = batch.teacher_ids[..., 0]
     weight = position_weights(4) * (batch.valid & (label >= 0))
     per_token = torch.nn.functional.cross_entropy(logits.flatten(0, -2), label.clamp_min(0).flatten(), reduction="none")
@@ -542,19 +540,15 @@ def test_init_draft_grows_a_trained_draft_by_identity_layers(tmp_path):
         start_from_draft(tmp_path / "two" / "draft", trained.config)
 
 
-def test_prefill_groups_stay_within_the_row_budget():
-    from dspark_core.train.features import _prefill_groups
-
-    assert _prefill_groups([5, 4, 3, 9, 2], 9) == [(0, 2), (2, 3), (3, 4), (4, 5)]
-    assert _prefill_groups([20, 1], 8) == [(0, 1), (1, 2)]  # a prompt over the budget is a group of its own
-    assert _prefill_groups([3, 3, 3], 100) == [(0, 3)]
-    assert _prefill_groups([], 8) == []
+def test_packed_groups_stay_within_the_row_budget():
+    assert packed_groups([5, 4, 3, 9, 2], 9) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert packed_groups([20, 1], 8) == [(0, 1), (1, 2)]  # a sequence over the budget is a group of its own
+    assert packed_groups([3, 3, 3], 100) == [(0, 3)]
+    assert packed_groups([], 8) == []
 
 
 def test_on_policy_answers_do_not_depend_on_how_the_prompts_are_prefilled():
     """Prefill split into forwards of a few prompts each gives the answers and features of one forward over all."""
-    from dspark_core.train.features import generate_with_features
-
     target = tiny_target()
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(target.config.vocab_size - 1, (int(torch.randint(3, 14, (1,), generator=g)),), generator=g).tolist()

@@ -73,21 +73,16 @@ def compute_features(target, sequences: list[tuple[list[int], list[int]]], aux_l
     longest = max(len(s) for s in seqs)
     toks, hid, ids, probs = [], [], [], []
     bar = tqdm(total=len(seqs), desc="features", unit="seq", disable=not progress)
-    i = 0
-    while i < len(seqs):
-        group = [seqs[i]]
-        while i + len(group) < len(seqs) and sum(map(len, group)) + len(seqs[i + len(group)]) <= rows_per_forward:
-            group.append(seqs[i + len(group)])
+    for first, last in packed_groups([len(s) for s in seqs], rows_per_forward):
+        group = seqs[first:last]
         cache = target.new_cache(len(group), longest)
         batch = make_forward_batch(group, [0] * len(group), list(range(len(group))), device=target.device)
         out = target.forward(batch, cache, hidden_layers=tuple(aux_layers))
-        p = torch.softmax(out.logits.float(), dim=-1)
-        top = p.topk(k, dim=-1)
+        top_ids, top_probs = _topk(out.logits, k)
         toks.append(batch.tokens.cpu())
         hid.append(out.hidden.to(torch.float16).cpu())
-        ids.append(top.indices.cpu())
-        probs.append(top.values.to(torch.float16).cpu())
-        i += len(group)
+        ids.append(top_ids)
+        probs.append(top_probs)
         bar.update(len(group))
     bar.close()
     lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
@@ -139,7 +134,7 @@ def generate_with_features(target, prompts: list[list[int]], aux_layers: tuple[i
         cache = target.new_cache(n, max(map(len, group)) + max_tokens + 1)
         rows: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
         answers: list[list[int]] = []
-        for first, last in _prefill_groups([len(p) for p in group], rows_per_forward):
+        for first, last in packed_groups([len(p) for p in group], rows_per_forward):
             # one forward over all prompts of a large batch would hold every prompt row's float32
             # logits at once (6.5 GB for 128 SmolLM2 prompts) and ran at half the rows/s on the CPU
             fb = make_forward_batch(group[first:last], [0] * (last - first), list(range(first, last)), device=target.device)
@@ -178,9 +173,9 @@ def generate_with_features(target, prompts: list[list[int]], aux_layers: tuple[i
     return pairs, feats
 
 
-def _prefill_groups(lengths: list[int], rows_per_forward: int) -> list[tuple[int, int]]:
+def packed_groups(lengths: list[int], rows_per_forward: int) -> list[tuple[int, int]]:
     """Consecutive ``[first, last)`` index ranges whose summed lengths stay within ``rows_per_forward``
-    (a single longer item is a range of its own)."""
+    (a single longer item is a range of its own): the sequences one target forward packs."""
     groups, first, rows = [], 0, 0
     for i, length in enumerate(lengths):
         if i > first and rows + length > rows_per_forward:
