@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                              "wheel, its JSON, or an extract written by "
                                              "dspark_core.train.later_turns.write_later_extract. Default: the --sharegpt source.")
     a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
-    a("--rows_per_forward", type=int, default=2048, help="Prefill-only source: token rows per target forward. Default: 2048.")
+    a("--rows_per_forward", type=int, default=2048, help="Token rows per target forward: prefill-only features, and the prompt prefill of on-policy answers. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
       help="Initialise the draft layer(s) from this target layer (and the next ones), e.g. -1 for the top layer. Default: random.")
     a("--init_draft", default=None,

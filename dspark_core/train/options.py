@@ -109,7 +109,7 @@ class PipelineOptions:
     max_context_chars: int = field(default=2000, validator=_at_least_one)
     sharegpt_later: Path | None = None
     shard_size: int = 64
-    rows_per_forward: int = 2048  # prefill-only source: rows per target forward
+    rows_per_forward: int = 2048  # rows per target forward: prefill-only features and on-policy prompt prefill
     init_from_target_layer: int | None = None
     init_draft: str | None = None  # fine-tune this draft (directory or "default") instead of a fresh one
     baseline_draft: str | None = None  # a draft directory (or "default") measured on the same held-out set, for comparison
