@@ -63,10 +63,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """SwiGLU MLP with the gate and up projections fused into one matrix."""
-    gate, up = linear(x, gate_up).chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, down)
+# A bfloat16 CPU product of at most this many rows gives each row the same bits whatever the row
+# count; from 33 rows on oneDNN (AMX and AVX512-BF16, torch 2.13) switches kernels and a row's sums
+# change order. Float32 products kept every row's bits at every row count measured (1-512).
+INVARIANT_PRODUCT_ROWS = 32
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` whose every row comes out bit-identical whatever the other rows are: float32
+    as is, other dtypes in products of at most :data:`INVARIANT_PRODUCT_ROWS` rows."""
+    if x.dtype == torch.float32 or x.shape[0] <= INVARIANT_PRODUCT_ROWS:
+        return linear(x, weight, bias)
+    return torch.cat([linear(part, weight, bias) for part in x.split(INVARIANT_PRODUCT_ROWS)])
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, product=linear) -> torch.Tensor:
+    """SwiGLU MLP with the gate and up projections fused into one matrix (``product``: the matrix
+    product to use, :func:`linear` or :func:`invariant_linear`)."""
+    gate, up = product(x, gate_up).chunk(2, dim=-1)
+    return product(F.silu(gate) * up, down)
 
 
 # A window of slots is read in place when it spans at most this many slots per live request:
@@ -227,6 +242,49 @@ def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
 
 
+# Keys per chunk of :func:`chunked_attention`; batch-invariant forwards read a multiple of it.
+KEY_CHUNK = 128
+
+
+def chunked_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention whose every query row gets the same bits whatever else is in the batch.
+
+    ``q`` ``[B, KV, rows, d]``, ``keys_t`` ``[B, KV, d, L]`` (keys transposed, as a
+    transposed-key :class:`~dspark_core.models.kv_cache.KVCache` stores them), ``values``
+    ``[B, KV, L, d]``, ``mask`` additive and broadcastable to ``[B, KV, rows, L]``.
+
+    SDPA and plain matmuls change a row's summation order with the number of query rows and of
+    keys (kernel and blocking choices), so a verify row and the target-only row at the same
+    position could differ in the last bits and, at a near-tie, pick different tokens. Here every
+    reduction has a fixed length: scores over the head dimension (queries times a row-major key
+    matrix, whose bits measured independent of the row count from two rows on), then the keys in
+    chunks of :data:`KEY_CHUNK` (the key axis padded to a multiple, masked), each chunk reduced on
+    its own and the chunks added up in key order. Keys a row cannot see add exact zeros, so
+    reading more of them changes nothing. Computed in float32 at least.
+    """
+    batch, kv_heads, rows, head_dim = q.shape
+    length = values.shape[2]
+    pad = -length % KEY_CHUNK
+    if pad:  # only when the cache itself is not a whole number of chunks long
+        keys_t, values = F.pad(keys_t, (0, pad)), F.pad(values, (0, 0, 0, pad))
+        mask = F.pad(mask, (0, pad), value=float("-inf"))
+    if keys_t.stride(-1) != 1:  # a column-major view would take another kernel
+        keys_t = keys_t.contiguous()
+    dtype = q.dtype
+    if rows == 1:  # one row takes a matrix-vector kernel that sums in another order: add a zero row
+        q, mask = F.pad(q, (0, 0, 0, 1)), F.pad(mask, (0, 0, 0, 1))
+    compute = torch.promote_types(dtype, torch.float32)
+    scores = torch.matmul(q.to(compute), keys_t.to(compute)).mul_(head_dim**-0.5).add_(mask)
+    scores = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    values = values.to(compute)
+    out = totals = None
+    for start in range(0, length + pad, KEY_CHUNK):  # in key order, whatever the chunk count
+        weights = scores[..., start : start + KEY_CHUNK]
+        part, total = torch.matmul(weights, values[:, :, start : start + KEY_CHUNK]), weights.sum(-1, keepdim=True)
+        out, totals = (part, total) if out is None else (out.add_(part), totals.add_(total))
+    return out.div_(totals)[:, :, :rows].to(dtype)
+
+
 def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S, d]`` over ``keys``/``values`` ``[B, KV, L, d]`` with a boolean
     ``mask`` broadcastable to ``[B, 1, S, L]``; query head ``h`` reads key head ``h // (H / KV)``.
@@ -246,7 +304,8 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m
     return matmul_attention(folded, keys, values, additive).reshape(batch, heads, rows, head_dim)
 
 
-def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor) -> torch.Tensor:
+def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor,
+           invariant: bool = False) -> torch.Tensor:
     """Attention of packed queries ``[G, H, hd]`` over per-request keys ``[B, KV, L, hd]``.
 
     Returns ``[G, H * hd]``. ``mask`` comes from :func:`grouped_mask`. Query head ``h`` reads
@@ -256,15 +315,21 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     and in a few large blocks instead of many blocks of ``R`` rows (a verify step has 1-8
     rows per request). On the development CPU it cut SmolLM2's attention by a quarter at
     4 requests of 2 rows and 300 tokens of context (0.55 -> 0.41 ms per layer).
+    ``invariant``: through :func:`chunked_attention` (``keys`` then ``[B, KV, hd, L]``, as a
+    transposed-key cache reads them), so a row's output does not depend on the other rows or on
+    how many keys past its own position the batch reads.
     """
     q = layout.pad(q_rows)  # [B, R, H, hd]
     requests, rows, heads, head_dim = q.shape
     kv_heads = keys.shape[1]
     q = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
-    keys, values = keys.to(q.dtype), values.to(q.dtype)
-    if _matmul_attention_for(q):
-        out = matmul_attention(q, keys, values, mask)
+    if invariant:
+        out = chunked_attention(q, keys, values, mask)
     else:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if _matmul_attention_for(q):
+            out = matmul_attention(q, keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     out = out.reshape(requests, heads, rows, head_dim).transpose(1, 2)  # [B, R, H, hd]
     return layout.unpad(out).reshape(q_rows.shape[0], -1)

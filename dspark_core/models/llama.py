@@ -8,16 +8,37 @@ matrix products.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import torch
+from attrs import evolve
 from torch import nn
 
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_kv_length, static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import RowLayout, apply_rope, attend, grouped_mask, linear, rms_norm, rope_cos_sin, swiglu
+from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, grouped_mask, invariant_linear, linear, rms_norm,
+                                      rope_cos_sin, swiglu)
+
+
+def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a target on ``device`` in ``dtype`` runs batch-invariant forwards by default.
+
+    On the CPU in bfloat16 or float16 they are on: there a verify row and the target-only row at
+    the same position otherwise differ by a rounding step of the 8-bit mantissa, and greedy output
+    parted from target-only decoding on 22 of 24 prompts. In float32 rows differ by about 1e-6 and
+    the cost of the invariant kernels (up to a third of a full-width step at 16 requests) buys
+    little, so they are off unless ``DSPARK_BATCH_INVARIANT=1``; ``DSPARK_BATCH_INVARIANT=0``
+    turns them off everywhere (both for comparisons).
+    """
+    setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
+    if setting not in ("auto", "0", "1"):
+        raise ModelError(f"DSPARK_BATCH_INVARIANT={setting!r}: use 0, 1 or auto")
+    if setting != "auto":
+        return setting == "1" and device.type == "cpu"
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
 def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -58,12 +79,19 @@ class LlamaLayer(nn.Module):
 class LlamaTarget(nn.Module):
     """The target model. See :class:`dspark_core.models.base.TargetModel` for the contract."""
 
-    def __init__(self, config: TargetConfig, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", tokenizer=None) -> None:
+    def __init__(self, config: TargetConfig, tensors: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", tokenizer=None, batch_invariant: bool | None = None) -> None:
         super().__init__()
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.device = torch.device(device)
+        # Batch-invariant forwards: a row's logits do not depend on the batch it is in (see
+        # batch_invariant_default for when they are on).
+        self.batch_invariant = batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant
+        if self.batch_invariant and self.device.type != "cpu":
+            raise ModelError(f"batch-invariant forwards are built and checked for the CPU only, not {self.device.type}")
+        self._product = invariant_linear if self.batch_invariant else linear
         cfg = config
         self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(LlamaLayer(cfg, tensors, i, dtype, device) for i in range(cfg.num_layers))
@@ -89,8 +117,11 @@ class LlamaTarget(nn.Module):
         c = self.config
         if max_len > c.max_position:
             raise ModelError(f"requested KV length {max_len} exceeds the model context limit {c.max_position}")
+        # Batch-invariant attention computes in float32 at least: such a cache saves converting every
+        # layer's keys and values on every step (bfloat16 keys convert exactly, once, when written).
+        dtype = torch.promote_types(self.dtype, torch.float32) if self.batch_invariant else self.dtype
         return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
-                                dtype=self.dtype, device=self.device)
+                                dtype=dtype, device=self.device, keys_transposed=self.batch_invariant)
 
     # -- forward ---------------------------------------------------------------
 
@@ -103,7 +134,7 @@ class LlamaTarget(nn.Module):
     def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         c = self.head_config
         n = x.shape[0]
-        qkv = linear(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
+        qkv = self._product(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         if layer.q_norm is None:  # one rotary pass over the query and key heads together: half the ops
             qk = apply_rope(qkv[:, : q_size + kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
@@ -114,11 +145,12 @@ class LlamaTarget(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down))
+        return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down,
+                                        self._product))
 
     def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head, float32 logits."""
-        return linear(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
+        return self._product(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -132,6 +164,8 @@ class LlamaTarget(nn.Module):
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot)
             cache.check_fits(layout.kv_len - 1)
+            if self.batch_invariant:  # whole key chunks (see chunked_attention); the extra keys are masked
+                layout = evolve(layout, kv_len=min(-(-layout.kv_len // KEY_CHUNK) * KEY_CHUNK, cache.max_len))
         heads = self.head_config
         mask = grouped_mask(layout.causal_mask(), heads.num_heads // heads.num_kv_heads, self.dtype)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
@@ -142,7 +176,7 @@ class LlamaTarget(nn.Module):
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
             keys, values = layout.read(cache, i, batch.slot_ids)
-            x = x + self._reduce(linear(attend(q, keys, values, layout, mask), layer.o_proj))
+            x = x + self._reduce(self._product(attend(q, keys, values, layout, mask, self.batch_invariant), layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x

@@ -51,10 +51,11 @@ def random_target_tensors(cfg: TargetConfig, seed: int = 0, scale: float = 0.2) 
     return t
 
 
-def random_target(cfg: TargetConfig | None = None, seed: int = 0, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LlamaTarget:
-    """A :class:`LlamaTarget` with random weights."""
+def random_target(cfg: TargetConfig | None = None, seed: int = 0, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                  batch_invariant: bool | None = None) -> LlamaTarget:
+    """A :class:`LlamaTarget` with random weights (``batch_invariant``: as :class:`LlamaTarget` takes it)."""
     cfg = cfg or tiny_target_config()
-    return LlamaTarget(cfg, random_target_tensors(cfg, seed), dtype=dtype, device=device)
+    return LlamaTarget(cfg, random_target_tensors(cfg, seed), dtype=dtype, device=device, batch_invariant=batch_invariant)
 
 
 def random_draft(

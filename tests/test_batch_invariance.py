@@ -1,0 +1,136 @@
+"""Batch-invariant CPU forwards: a row's bits must not depend on the rows computed beside it.
+
+Greedy exactness rests on this: a verify row at position p (computed with the other drafted rows
+and the other requests of a step) must give the very logits the target-only row at p gives (one
+row per request). Without it the two runs agree only where the target's best token leads the
+second by more than rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_core.models.base import make_forward_batch
+from dspark_core.models.cpu_linear import bfloat16_packed_supported
+from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_CHUNK, RowLayout, attend, grouped_mask,
+                                       invariant_linear)
+from dspark_core.models.random_models import random_target, tiny_target_config
+
+# Shapes of a real small model (64-wide heads, grouped queries, several key chunks of context), so
+# the products take the kernels serving takes; a few layers keep it fast.
+MID = tiny_target_config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=64, max_position=1024)
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not bfloat16_packed_supported(), reason="no native bfloat16 products on this CPU"))]
+
+
+def _attend_rows(q, keys, values, counts, starts, kv_len=None):
+    positions = torch.tensor([s + j for s, c in zip(starts, counts) for j in range(c)])
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    layout = RowLayout.build(positions, torch.arange(len(counts)), offsets, kv_len=kv_len)
+    mask = grouped_mask(layout.causal_mask(), q.shape[1] // keys.shape[1], q.dtype)
+    keys_t = keys[:, :, : layout.kv_len].transpose(-1, -2).contiguous()  # as a transposed-key cache holds them
+    return attend(q, keys_t, values[:, :, : layout.kv_len], layout, mask, invariant=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_chunked_attention_gives_each_row_the_bits_it_gets_alone(data):
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
+    counts = data.draw(st.lists(st.integers(1, 8), min_size=1, max_size=4), label="rows per request")
+    starts = [data.draw(st.integers(0, 3 * KEY_CHUNK), label=f"context{b}") for b in range(len(counts))]
+    extra = data.draw(st.integers(0, 2 * KEY_CHUNK), label="keys read past the last row")
+    heads, kv_heads, head_dim, requests = 6, 2, 64, len(counts)
+    length = max(s + c for s, c in zip(starts, counts)) + extra
+    keys, values = (torch.randn(requests, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+    q = torch.randn(sum(counts), heads, head_dim, generator=generator)
+    together = _attend_rows(q, keys, values, counts, starts, kv_len=length)
+    row = 0
+    for b, (start, count) in enumerate(zip(starts, counts)):
+        for j in range(count):  # the same row as a one-row request that reads only what it needs
+            alone = _attend_rows(q[row : row + 1], keys[b : b + 1], values[b : b + 1], [1], [start + j])
+            assert torch.equal(together[row], alone[0]), f"request {b} row {j} depends on the batch"
+            row += 1
+
+
+def test_chunked_attention_is_softmax_attention():
+    generator = torch.Generator().manual_seed(2)
+    keys, values = (torch.randn(1, 1, 300, 64, generator=generator) for _ in range(2))
+    q = torch.randn(3, 2, 64, generator=generator)
+    out = _attend_rows(q, keys, values, [3], [250])
+    for j in range(3):
+        for h in range(2):
+            k, v = keys[0, 0, : 251 + j], values[0, 0, : 251 + j]
+            expected = torch.softmax(k @ q[j, h] / 8.0, dim=0) @ v
+            torch.testing.assert_close(out[j, h * 64 : (h + 1) * 64], expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_invariant_linear_rows_do_not_depend_on_the_row_count(dtype):
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(1536, 576, generator=generator) * 0.05).to(dtype)
+    x = torch.randn(3 * INVARIANT_PRODUCT_ROWS + 5, 576, generator=generator).to(dtype)
+    one_by_one = torch.cat([invariant_linear(x[i : i + 1], weight) for i in range(x.shape[0])])
+    for rows in (2, INVARIANT_PRODUCT_ROWS, INVARIANT_PRODUCT_ROWS + 1, 2 * INVARIANT_PRODUCT_ROWS + 7, x.shape[0]):
+        assert torch.equal(invariant_linear(x[:rows], weight), one_by_one[:rows]), f"{rows} rows"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_target_logits_of_a_row_do_not_depend_on_the_batch(dtype):
+    """Verify-shaped forwards (several rows per request, several requests, prompts prefilled together)
+    against the target-only shape (each request alone, one row per forward): equal bits."""
+    model = random_target(MID, seed=11, dtype=dtype, batch_invariant=True)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 1000, (n,), generator=generator).tolist() for n in (40, 170, 290)]
+    drafted = [torch.randint(0, 1000, (n,), generator=generator).tolist() for n in (8, 3, 6)]
+
+    together_cache = model.new_cache(4, 320)
+    model.forward(make_forward_batch(prompts, [0, 0, 0], [0, 1, 2]), together_cache)
+    batch = make_forward_batch(drafted, [len(p) for p in prompts], [0, 1, 2])
+    together = model.forward(batch, together_cache).logits
+
+    alone_cache = model.new_cache(4, 320)
+    for b, (prompt, rows) in enumerate(zip(prompts, drafted)):
+        model.forward(make_forward_batch([prompt], [0], [b]), alone_cache)
+        for j, token in enumerate(rows):
+            alone = model.forward(make_forward_batch([[token]], [len(prompt) + j], [b]), alone_cache).logits[0]
+            row = int(batch.row_offsets[b]) + j
+            assert torch.equal(together[row], alone), f"request {b} row {j}: max diff {(together[row] - alone).abs().max()}"
+
+
+def test_invariant_forwards_default_on_for_cpu_bfloat16_only(monkeypatch):
+    from dspark_core.errors import ModelError
+    from dspark_core.models.llama import batch_invariant_default
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("DSPARK_BATCH_INVARIANT", raising=False)
+    assert batch_invariant_default(cpu, torch.bfloat16) and not batch_invariant_default(cpu, torch.float32)
+    assert not batch_invariant_default(cuda, torch.bfloat16)
+    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "1")
+    assert batch_invariant_default(cpu, torch.float32) and not batch_invariant_default(cuda, torch.float32)
+    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "0")
+    assert not batch_invariant_default(cpu, torch.bfloat16)
+    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "yes")
+    with pytest.raises(ModelError, match="DSPARK_BATCH_INVARIANT='yes': use 0, 1 or auto"):
+        batch_invariant_default(cpu, torch.float32)
+    with pytest.raises(ModelError, match="CPU only, not cuda"):
+        random_target(MID, batch_invariant=True, device="cuda")
+
+
+def test_transposed_key_cache_holds_the_same_keys():
+    from dspark_core.models.kv_cache import KVCache
+
+    generator = torch.Generator().manual_seed(3)
+    plain, transposed = (KVCache.allocate(2, 4, 16, 3, 8, keys_transposed=t) for t in (False, True))
+    slots, positions = torch.tensor([2, 2, 0]), torch.tensor([5, 6, 1])
+    k, v = (torch.randn(3, 3, 8, generator=generator) for _ in range(2))
+    for cache in (plain, transposed):
+        cache.write(1, slots, positions, k, v)
+    assert transposed.max_len == plain.max_len == 16
+    for read in (lambda c: c.read(1, torch.tensor([2, 0]), 9), lambda c: c.window(1, 0, 3, 9)):
+        (keys, values), (keys_t, values_t) = read(plain), read(transposed)
+        assert keys_t.shape == keys.shape[:2] + (8, 9)
+        assert torch.equal(keys_t, keys.transpose(-1, -2)) and torch.equal(values_t, values)
