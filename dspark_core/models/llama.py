@@ -28,10 +28,10 @@ def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
 
     On the CPU in bfloat16 or float16 they are on: there a verify row and the target-only row at
     the same position otherwise differ by a rounding step of the 8-bit mantissa, and greedy output
-    parted from target-only decoding on 22 of 24 prompts. In float32 rows differ by about 1e-6 and
-    the cost of the invariant kernels (up to a third of a full-width step at 16 requests) buys
-    little, so they are off unless ``DSPARK_BATCH_INVARIANT=1``; ``DSPARK_BATCH_INVARIANT=0``
-    turns them off everywhere (both for comparisons).
+    parted from target-only decoding on 22 of 24 prompts. In float32 rows differ by about 6e-5
+    (near-ties only) and the kernels, measured on one CPU so far, cost 0-4 % up to 4 rows per
+    request and 13-19 % at full width, so they are off unless ``DSPARK_BATCH_INVARIANT=1``;
+    ``DSPARK_BATCH_INVARIANT=0`` turns them off everywhere (both for comparisons).
     """
     setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
     if setting not in ("auto", "0", "1"):
