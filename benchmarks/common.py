@@ -8,12 +8,13 @@ from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.geometry import Geometry
 
 
-def load_models(draft_path: str | None = "default", draft_dtype: torch.dtype | None = None):
-    """The real default target and a draft (the shipped one unless a directory is given, none for
-    ``None``; float32 unless ``draft_dtype`` says otherwise)."""
+def load_models(draft_path: str | None = "default", draft_dtype: torch.dtype | None = None,
+                target_dtype: torch.dtype = torch.float32):
+    """The real default target (in ``target_dtype``) and a draft (the shipped one unless a directory is
+    given, none for ``None``; float32 unless ``draft_dtype`` says otherwise)."""
     from dspark_core.models.loading import load_target
 
-    return load_target("smollm2"), None if draft_path is None else load_draft_model(draft_path, draft_dtype)
+    return load_target("smollm2", dtype=target_dtype), None if draft_path is None else load_draft_model(draft_path, draft_dtype)
 
 
 def load_draft_model(draft_path: str = "default", draft_dtype: torch.dtype | None = None):

@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--tiers", default="bucket_multiples", choices=("bucket_multiples", "all_tiers"),
                         help="Captured target-row tiers of every engine (`all_tiers`: every legal row count).")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="Target dtype (a bfloat16 target runs batch-invariant forwards on the CPU); price it with a "
+                             "--table calibrated in the same dtype.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     if args.concurrency < 1:
@@ -92,7 +95,7 @@ def main() -> None:
     prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
     prompts = prompts[: args.limit] if args.limit else prompts
 
-    target, _ = load_models(None)
+    target, _ = load_models(None, target_dtype=getattr(torch, args.dtype))
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
                                    label_tables=other_tables, width=args.width, max_model_len=2048,
                                    tiers=args.tiers)
@@ -145,7 +148,8 @@ def main() -> None:
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
-        "threads": args.threads, "tiers": args.tiers, "draft_dtype": args.draft_dtype}, results)
+        "threads": args.threads, "tiers": args.tiers, "draft_dtype": args.draft_dtype,
+        "dtype": args.dtype}, results)
 
 
 if __name__ == "__main__":
