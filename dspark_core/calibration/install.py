@@ -113,6 +113,8 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
     extra: dict[str, Any] = {"cost_model": table.model, "graph_backend": engine.runner.graphs.name
                              if engine.runner.graphs is not None else "disabled",
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
+                             # verify rows carry the target-only rows' logits bit for bit (docs/architecture.md)
+                             "batch_invariant": bool(getattr(engine.runner.target, "batch_invariant", False)),
                              "max_model_len": engine.max_model_len,
                              # KV spans the cache-reading keys were also captured for ([]: the whole cache only)
                              "kv_spans": list(engine.runner.kv_spans),
