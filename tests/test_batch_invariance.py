@@ -88,6 +88,7 @@ def test_target_logits_of_a_row_do_not_depend_on_the_batch(dtype):
     drafted = [torch.randint(0, 1000, (n,), generator=generator).tolist() for n in (8, 3, 6)]
 
     together_cache = model.new_cache(4, 320)
+    assert together_cache.max_len == 3 * KEY_CHUNK  # rounded up to whole key chunks: no padded copies
     model.forward(make_forward_batch(prompts, [0, 0, 0], [0, 1, 2]), together_cache)
     batch = make_forward_batch(drafted, [len(p) for p in prompts], [0, 1, 2])
     together = model.forward(batch, together_cache).logits

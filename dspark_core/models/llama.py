@@ -30,7 +30,7 @@ def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
     the same position otherwise differ by a rounding step of the 8-bit mantissa, and greedy output
     parted from target-only decoding on 22 of 24 prompts. In float32 rows differ by about 6e-5
     (near-ties only) and the kernels, measured on one CPU so far, cost 0-4 % up to 4 rows per
-    request and 13-19 % at full width, so they are off unless ``DSPARK_BATCH_INVARIANT=1``;
+    request and 9-12 % at full width, so they are off unless ``DSPARK_BATCH_INVARIANT=1``;
     ``DSPARK_BATCH_INVARIANT=0`` turns them off everywhere (both for comparisons).
     """
     setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
@@ -120,6 +120,8 @@ class LlamaTarget(nn.Module):
         # Batch-invariant attention computes in float32 at least: such a cache saves converting every
         # layer's keys and values on every step (bfloat16 keys convert exactly, once, when written).
         dtype = torch.promote_types(self.dtype, torch.float32) if self.batch_invariant else self.dtype
+        if self.batch_invariant and -(-max_len // KEY_CHUNK) * KEY_CHUNK <= c.max_position:
+            max_len = -(-max_len // KEY_CHUNK) * KEY_CHUNK  # whole key chunks: attention never pads a copy
         return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
                                 dtype=dtype, device=self.device, keys_transposed=self.batch_invariant)
 
