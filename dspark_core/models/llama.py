@@ -26,19 +26,19 @@ from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend,
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a target on ``device`` in ``dtype`` runs batch-invariant forwards by default.
 
-    On the CPU in bfloat16 or float16 they are on: there a verify row and the target-only row at
-    the same position otherwise differ by a rounding step of the 8-bit mantissa, and greedy output
-    parted from target-only decoding on 22 of 24 prompts. In float32 rows differ by about 6e-5
-    (near-ties only) and the kernels, measured on one CPU so far, cost 0-4 % up to 4 rows per
-    request and 9-12 % at full width, so they are off unless ``DSPARK_BATCH_INVARIANT=1``;
-    ``DSPARK_BATCH_INVARIANT=0`` turns them off everywhere (both for comparisons).
+    On the CPU they are on in float32, bfloat16 and float16. Without them a verify row and the
+    target-only row at the same position differ in the last bits (float32: up to 6e-5 on SmolLM2,
+    so greedy output may part at a near-tie; bfloat16: a rounding step of the 8-bit mantissa, and
+    greedy output parted on 22 of 24 prompts). They cost 2-4 % of a float32 step up to 4 rows per
+    request and 9-12 % at full width (benchmarks/results/amx). Float64 (test models) keeps the
+    default kernels. ``DSPARK_BATCH_INVARIANT=0`` turns them off, ``=1`` on for every CPU dtype.
     """
     setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
     if setting not in ("auto", "0", "1"):
         raise ModelError(f"DSPARK_BATCH_INVARIANT={setting!r}: use 0, 1 or auto")
     if setting != "auto":
         return setting == "1" and device.type == "cpu"
-    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
@@ -120,8 +120,6 @@ class LlamaTarget(nn.Module):
         # Batch-invariant attention computes in float32 at least: such a cache saves converting every
         # layer's keys and values on every step (bfloat16 keys convert exactly, once, when written).
         dtype = torch.promote_types(self.dtype, torch.float32) if self.batch_invariant else self.dtype
-        if self.batch_invariant and -(-max_len // KEY_CHUNK) * KEY_CHUNK <= c.max_position:
-            max_len = -(-max_len // KEY_CHUNK) * KEY_CHUNK  # whole key chunks: attention never pads a copy
         return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
                                 dtype=dtype, device=self.device, keys_transposed=self.batch_invariant)
 
