@@ -27,7 +27,7 @@ import torch
 from common import write_results
 
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import KEY_CHUNK, invariant_linear, linear
+from dspark_core.models.layers import KEY_CHUNK
 from dspark_core.models.loading import load_target
 
 
@@ -37,8 +37,7 @@ def whole_chunks(length: int) -> int:
 
 
 def use_invariant(model, on: bool) -> None:
-    model.batch_invariant = on
-    model._product = invariant_linear if on else linear
+    model.batch_invariant = on  # the forward and new caches follow it; a cache made before keeps its layout
 
 
 def invariance(model, requests: int, context: int, rows: int, seed: int) -> dict:

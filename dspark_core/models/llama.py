@@ -91,7 +91,6 @@ class LlamaTarget(nn.Module):
         self.batch_invariant = batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant
         if self.batch_invariant and self.device.type != "cpu":
             raise ModelError(f"batch-invariant forwards are built and checked for the CPU only, not {self.device.type}")
-        self._product = invariant_linear if self.batch_invariant else linear
         cfg = config
         self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(LlamaLayer(cfg, tensors, i, dtype, device) for i in range(cfg.num_layers))
@@ -107,6 +106,11 @@ class LlamaTarget(nn.Module):
     def head_config(self) -> TargetConfig:
         """The attention heads this instance computes (a tensor-parallel shard holds fewer)."""
         return self.config
+
+    @property
+    def _product(self):
+        """The matrix product of every weight: row-count invariant in batch-invariant forwards."""
+        return invariant_linear if self.batch_invariant else linear
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Combine a row-parallel layer's partial output (identity on one rank)."""
