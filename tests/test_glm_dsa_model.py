@@ -47,6 +47,15 @@ def test_prefill_decode_and_verify_equal_full_recompute(model):
     torch.testing.assert_close(got, ref, atol=TOL, rtol=0)
 
 
+def test_logit_rows_select_rows(model):
+    batch = make_forward_batch([tokens(7, 8), tokens(5, 9)], [0, 0], [1, 0])
+    full = model.forward(batch, model.new_cache(3, 16), hidden_layers=(2,))
+    rows = torch.tensor([6, 11])
+    picked = model.forward(batch, model.new_cache(3, 16), hidden_layers=(2,), logit_rows=rows)
+    torch.testing.assert_close(picked.logits, full.logits[rows], atol=TOL, rtol=0)
+    torch.testing.assert_close(picked.hidden, full.hidden, atol=0, rtol=0)
+
+
 def test_interleaved_rope_and_biases_match_the_reference():
     cfg = tiny_glm_dsa_config(rope_interleave=True, attention_bias=True, n_group=1, topk_group=1, scoring_func="softmax",
                               indexer_types=("full", "full", "shared"), mlp_layer_types=("dense", "dense", "sparse"))

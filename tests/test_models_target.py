@@ -64,6 +64,19 @@ def test_hidden_states_match_reference(model):
     torch.testing.assert_close(out.hidden, ref_hidden, atol=1e-4, rtol=1e-4)
 
 
+def test_logit_rows_select_rows_and_keep_every_hidden_state(model):
+    """A prefill asks for each prompt's last row only: the same logits as the full forward's rows,
+    while the hidden states (the draft's context) still cover every row."""
+    prompts, slots = [[3, 4, 5, 6], [7, 8], [9, 10, 11]], [2, 0, 1]
+    batch = make_forward_batch(prompts, [0, 0, 0], slots)
+    full = model.forward(batch, model.new_cache(3, 8), hidden_layers=(1,))
+    last = batch.row_offsets[1:] - 1
+    picked = model.forward(batch, model.new_cache(3, 8), hidden_layers=(1,), logit_rows=last)
+    assert picked.logits.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(picked.logits, full.logits[last], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(picked.hidden, full.hidden, atol=0, rtol=0)
+
+
 def test_rejected_rows_need_no_rollback(model):
     prompt, accepted = [1, 2, 3], [4, 5]
     cache = model.new_cache(1, 16)

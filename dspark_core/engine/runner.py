@@ -82,10 +82,7 @@ class ModelRunner:
 
     def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
         """Target forward that also returns the draft's hidden states when a draft exists."""
-        out = self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers)
-        if logit_rows is not None:
-            return ForwardOutput(out.logits[logit_rows], out.hidden)
-        return out
+        return self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers, logit_rows=logit_rows)
 
     def extend_draft_context(self, hidden: torch.Tensor | None, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
         """Queue the target's hidden states of these rows for the draft's context cache; they are

@@ -130,8 +130,13 @@ class TargetModel(Protocol):
         """Allocate a static KV cache for ``num_slots`` requests of ``max_len`` tokens."""
         ...
 
-    def forward(self, batch: ForwardBatch, cache: Any, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Write the rows' K/V into ``cache`` then return their logits (and hidden states)."""
+    def forward(self, batch: ForwardBatch, cache: Any, hidden_layers: tuple[int, ...] = (),
+                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+        """Write the rows' K/V into ``cache`` then return their logits (and hidden states).
+
+        ``logit_rows`` (row indices): logits of those rows only, in that order. A prefill reads one
+        row per prompt, and the LM head over every prompt row would cost as much as the rest of the
+        forward. Hidden states are returned for every row either way."""
         ...
 
 

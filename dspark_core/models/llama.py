@@ -157,8 +157,10 @@ class LlamaTarget(nn.Module):
         return self._product(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its position."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = (),
+                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+        """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its
+        position; logits of ``logit_rows`` only when given (see :class:`~dspark_core.models.base.TargetModel`)."""
         c = self.config
         self.check_hidden_layers(hidden_layers)
         if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
@@ -185,4 +187,4 @@ class LlamaTarget(nn.Module):
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return ForwardOutput(self.logits_from_hidden(x), hidden)
+        return ForwardOutput(self.logits_from_hidden(x if logit_rows is None else x[logit_rows]), hidden)

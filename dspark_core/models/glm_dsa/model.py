@@ -134,12 +134,14 @@ class GlmDsaTarget(nn.Module):
         return attn.attend(q_nope, q_pe, cache, i, plan.slot_of_row, batch.positions, selected), selected
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        """Write every row's cache entries at (slot, position), then attend to its slot's selected positions."""
-        return ForwardOutput(*self.forward_tensors(batch, cache, hidden_layers))
+    def forward(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = (),
+                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+        """Write every row's cache entries at (slot, position), then attend to its slot's selected
+        positions; logits of ``logit_rows`` only when given."""
+        return ForwardOutput(*self.forward_tensors(batch, cache, hidden_layers, logit_rows))
 
-    def forward_tensors(self, batch: ForwardBatch, cache: GlmDsaCache,
-                        hidden_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tensors(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = (),
+                        logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` as a plain ``(logits, hidden)`` tuple (what a graph tracer can follow)."""
         c = self.config
         self.check_hidden_layers(hidden_layers)
@@ -158,4 +160,4 @@ class GlmDsaTarget(nn.Module):
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return self.logits_from_hidden(x), hidden
+        return self.logits_from_hidden(x if logit_rows is None else x[logit_rows]), hidden
