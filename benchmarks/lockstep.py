@@ -23,6 +23,11 @@ requests live or fewer, with or without a prefill in the same call), so a policy
 be set against target-only's steps directly. ``--tiers all_tiers`` captures every legal row count
 instead of the bucket multiples ``make serve`` uses (its table must then be calibrated with
 ``--captured_target_rows=all``).
+
+``--also_dtype bfloat16 --also_table PATH`` runs every policy a second time on a target in that dtype
+(labels ``<policy>@bfloat16``, priced by its own table), in the same turns: which dtype serves faster,
+measured side by side. Each policy's output is checked against target-only decoding in its own dtype;
+``vs_target_only`` compares with the first dtype's target-only rate, ``vs_own_target_only`` with its own.
 """
 
 from __future__ import annotations
@@ -74,8 +79,15 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="Target dtype (a bfloat16 target runs batch-invariant forwards on the CPU); price it with a "
                              "--table calibrated in the same dtype.")
+    parser.add_argument("--also_dtype", default=None, choices=("float32", "bfloat16"),
+                        help="Run every policy on a second target in this dtype too (labels `<policy>@<dtype>`).")
+    parser.add_argument("--also_table", default=None, help="The --also_dtype target's cost table (same dtype).")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    if args.also_dtype is not None and args.also_dtype == args.dtype:
+        parser.error(f"--also_dtype must differ from --dtype ({args.dtype})")
+    if (args.also_table is not None) != (args.also_dtype is not None and args.table is not None):
+        parser.error("--also_table goes with --also_dtype and --table (each dtype priced by a table of its own)")
     if args.concurrency < 1:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
     try:
@@ -99,6 +111,16 @@ def main() -> None:
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
                                    label_tables=other_tables, width=args.width, max_model_len=2048,
                                    tiers=args.tiers)
+    own_reference = {label: "none" for label in engines}  # the target-only run of the label's own dtype
+    if args.also_dtype is not None:
+        also_target, _ = load_models(None, target_dtype=getattr(torch, args.also_dtype))
+        also = side_by_side_engines(also_target, specs, table_path=args.also_table,
+                                    draft_dtype=getattr(torch, args.draft_dtype), width=args.width,
+                                    max_model_len=2048, tiers=args.tiers)
+        for label, engine in also.items():
+            engines[f"{label}@{args.also_dtype}"] = engine
+            own_reference[f"{label}@{args.also_dtype}"] = f"none@{args.also_dtype}"
+    specs = {label: specs[label.split("@")[0]] for label in engines}
     params = SamplingParams(max_tokens=args.max_tokens)
     queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}
     step_times: dict[str, dict[str, list[float]]] = {label: {} for label in specs}  # kind → seconds per step()
@@ -128,18 +150,23 @@ def main() -> None:
                 outputs[label][order[label][output.request_id]] = output.token_ids
                 live[label] -= 1
 
-    reference = [outputs["none"][i] for i in range(len(prompts))]
-    reference_rate = sum(len(ids) for ids in reference) / seconds["none"]
+    def ordered(label: str) -> list[list[int]]:
+        return [outputs[label][i] for i in range(len(prompts))]
+
+    def rate(label: str) -> float:
+        return sum(len(ids) for ids in outputs[label].values()) / seconds[label]
+
     results = []
     for label in engines:
         tokens = sum(len(ids) for ids in outputs[label].values())
         steps = reports[label]
         row = {"policy": label, "tokens": tokens, "seconds": round(seconds[label], 2),
                "tokens_per_s": round(tokens / seconds[label], 2),
-               "vs_target_only": round(tokens / seconds[label] / reference_rate, 3),
+               "vs_target_only": round(rate(label) / rate("none"), 3),
+               "vs_own_target_only": round(rate(label) / rate(own_reference[label]), 3),
                "decode_steps": len(steps),
                "rows_per_request": round(sum(r.target_rows for r in steps) / max(1, sum(r.live_requests for r in steps)), 2),
-               "identical": [outputs[label][i] for i in range(len(prompts))] == reference,
+               "identical": ordered(label) == ordered(own_reference[label]),
                "step_ms": {kind: {"steps": len(times), "median": round(1000 * statistics.median(times), 2),
                                   "mean": round(1000 * statistics.fmean(times), 2)}
                            for kind, times in sorted(step_times[label].items())}}
@@ -149,7 +176,7 @@ def main() -> None:
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
         "threads": args.threads, "tiers": args.tiers, "draft_dtype": args.draft_dtype,
-        "dtype": args.dtype}, results)
+        "dtype": args.dtype, "also_dtype": args.also_dtype, "also_table": args.also_table}, results)
 
 
 if __name__ == "__main__":

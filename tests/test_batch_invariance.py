@@ -13,10 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dspark_core.models import layers
 from dspark_core.models.base import make_forward_batch
 from dspark_core.models.cpu_linear import bfloat16_packed_supported
 from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_CHUNK, RowLayout, attend, grouped_mask,
-                                       invariant_linear)
+                                       invariant_linear, products_rows_invariant)
 from dspark_core.models.random_models import random_target, tiny_target_config
 
 # Shapes of a real small model (64-wide heads, grouped queries, several key chunks of context), so
@@ -107,7 +108,12 @@ def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16(monkeypatch)
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("DSPARK_BATCH_INVARIANT", raising=False)
-    assert batch_invariant_default(cpu, torch.bfloat16) and batch_invariant_default(cpu, torch.float32)
+    assert batch_invariant_default(cpu, torch.float32)
+    # bfloat16 and float16: on where this CPU's products in them measured row-invariant
+    assert batch_invariant_default(cpu, torch.bfloat16) == products_rows_invariant(torch.bfloat16)
+    assert batch_invariant_default(cpu, torch.float16) == products_rows_invariant(torch.float16)
+    if bfloat16_packed_supported():
+        assert batch_invariant_default(cpu, torch.bfloat16)
     assert not batch_invariant_default(cpu, torch.float64)  # test models keep the reference kernels
     assert not batch_invariant_default(cuda, torch.bfloat16)
     monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "1")
@@ -119,6 +125,17 @@ def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16(monkeypatch)
         batch_invariant_default(cpu, torch.float32)
     with pytest.raises(ModelError, match="CPU only, not cuda"):
         random_target(MID, batch_invariant=True, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_product_self_check_passes_here_and_catches_one_large_product(dtype, monkeypatch):
+    """products_rows_invariant measures what invariant_linear promises; with no row limit (one large
+    product) the bfloat16 check must fail, since oneDNN's large-product kernels sum rows past the first
+    block in another order (float32 products are invariant as they come)."""
+    assert products_rows_invariant(dtype)
+    monkeypatch.setattr(layers, "INVARIANT_PRODUCT_ROWS", 10_000)
+    if dtype == torch.bfloat16:
+        assert not products_rows_invariant(dtype)
 
 
 def test_transposed_key_cache_holds_the_same_keys():

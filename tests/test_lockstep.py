@@ -51,7 +51,28 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
         assert all(v["median"] > 0 for v in row["step_ms"].values())
 
 
+@pytest.mark.slow
+def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["The capital of France is", "Water boils at"]))
+    out = tmp_path / "lockstep.json"
+    proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "5", "--widths", "1",
+                      "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads(out.read_text())
+    rows = {row["policy"]: row for row in saved["results"]}
+    assert list(rows) == ["none", "fixed-k1", "none@bfloat16", "fixed-k1@bfloat16"]
+    assert saved["meta"]["also_dtype"] == "bfloat16"
+    for row in rows.values():
+        assert row["identical"], row  # against target-only decoding in the row's own dtype
+    assert rows["none@bfloat16"]["vs_own_target_only"] == 1.0
+    assert rows["none@bfloat16"]["vs_target_only"] == pytest.approx(
+        rows["none@bfloat16"]["tokens_per_s"] / rows["none"]["tokens_per_s"], rel=0.01)
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--also_dtype", "float32"], "--also_dtype must differ from --dtype (float32)"),
+    (["--also_table", "t.json"], "--also_table goes with --also_dtype and --table"),
     (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
     (["--variants", "{not json"], "--variants is not JSON"),
     (["--variants", '{"a": ["adaptive", {}]}'], "--variants need --table"),

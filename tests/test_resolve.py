@@ -42,7 +42,7 @@ def test_table_validate_and_a_launch_build_the_same_fingerprint(tmp_path):
     launch = fingerprint_for(config, device, geometry=captured_geometry(config), target_path=target)
     described, width = _launch(flags, default_hooks())
     assert (described, width) == (launch, 3)
-    assert launch.execution.graph_backend == "static" and launch.execution.dtype == "float32"
+    assert launch.execution.graph_backend == "static" and launch.execution.dtype == device.default_dtype
 
 
 def test_kv_reserve_is_two_launched_steps_of_k_plus_one_rows():

@@ -9,6 +9,8 @@ import pytest
 from dspark_core.cli import main
 from dspark_core.costs.fingerprint import launch_fingerprint
 from dspark_core.config import parse_serve_args
+from dspark_core.plugins import default_hooks
+from dspark_core.resolve import pick_device
 from dspark_core.geometry import Geometry
 from dspark_core.table import fit_table, save_table
 from test_costs_support import LOOKUP, grid_samples, settings, simple_cost
@@ -24,7 +26,8 @@ def launch(tmp_path):
     flags = [f"--model={target}", "--num_speculative_tokens=3", "--max_seqs_per_batch=2",
              "--acl_graph_decode_batch_size_limit=2", "--device=cpu", "--speculative_algorithm=none"]
     config = parse_serve_args(flags)
-    fp = launch_fingerprint(config, Geometry.all_tiers(3, (1, 2)), graph_backend="static", dtype="float32")
+    dtype = pick_device(default_hooks(), "cpu").default_dtype  # what --dtype=auto resolves to on this CPU
+    fp = launch_fingerprint(config, Geometry.all_tiers(3, (1, 2)), graph_backend="static", dtype=dtype)
     table = fit_table(settings(buckets=(1, 2)), grid_samples(simple_cost, (1, 2), 3), LOOKUP, fp)
     return flags, save_table(table, tmp_path / "costs.json")
 

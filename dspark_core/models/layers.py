@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from attrs import frozen
@@ -75,6 +77,36 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if x.dtype == torch.float32 or x.shape[0] <= INVARIANT_PRODUCT_ROWS:
         return linear(x, weight, bias)
     return torch.cat([linear(part, weight, bias) for part in x.split(INVARIANT_PRODUCT_ROWS)])
+
+
+# Row counts the self-check compares with one large product: 1-4 (padded), around the piece limit,
+# and several pieces with a short last one.
+_CHECKED_ROW_COUNTS = (1, 2, 3, 5, 8, 17, 31, 32, 33, 47, 64, 96)
+
+
+def products_rows_invariant(dtype: torch.dtype) -> bool:
+    """Whether :func:`invariant_linear` in ``dtype`` gives every row the same bits at every row
+    count on this CPU: measured once per process on random products of SmolLM2-like shapes, not
+    assumed. The piece limit was measured on two CPUs with one oneDNN build; another build or CPU
+    may block its kernels differently, and then a bfloat16 target must not count on exactness."""
+    return _products_rows_invariant(dtype, INVARIANT_PRODUCT_ROWS)
+
+
+@functools.cache
+def _products_rows_invariant(dtype: torch.dtype, piece_rows: int) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    rows = max(_CHECKED_ROW_COUNTS) + 8
+    for in_features, out_features in ((576, 1536), (1536, 576), (576, 4096)):
+        # float32 data rounded once: bfloat16 inputs hide summation-order differences less than
+        # random bfloat16-exact data would
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+        x = torch.randn(rows, in_features, generator=generator).to(dtype)
+        whole = invariant_linear(x, weight)
+        for count in _CHECKED_ROW_COUNTS:
+            for start in (0, 7):
+                if not torch.equal(invariant_linear(x[start : start + count], weight), whole[start : start + count]):
+                    return False
+    return True
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, product=linear) -> torch.Tensor:

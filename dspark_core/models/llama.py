@@ -19,26 +19,30 @@ from dspark_core.errors import ModelError
 from dspark_core.graphs import static_kv_length, static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, grouped_mask, invariant_linear, linear, rms_norm,
-                                      rope_cos_sin, swiglu)
+from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, grouped_mask, invariant_linear, linear,
+                                      products_rows_invariant, rms_norm, rope_cos_sin, swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a target on ``device`` in ``dtype`` runs batch-invariant forwards by default.
 
-    On the CPU they are on in float32, bfloat16 and float16. Without them a verify row and the
-    target-only row at the same position differ in the last bits (float32: up to 6e-5 on SmolLM2,
-    so greedy output may part at a near-tie; bfloat16: a rounding step of the 8-bit mantissa, and
-    greedy output parted on 22 of 24 prompts). They cost 2-4 % of a float32 step up to 4 rows per
-    request and 9-12 % at full width (benchmarks/results/amx). Float64 (test models) keeps the
-    default kernels. ``DSPARK_BATCH_INVARIANT=0`` turns them off, ``=1`` on for every CPU dtype.
+    On the CPU they are on in float32, bfloat16 and float16 wherever this CPU's matrix products in
+    that dtype measured row-invariant (:func:`~dspark_core.models.layers.products_rows_invariant`;
+    float16 did not on the development CPU, which has no native float16 products). Without them a
+    verify row and the target-only row at the same position differ in the last bits (float32: up
+    to 6e-5 on SmolLM2, so greedy output may part at a near-tie; bfloat16: a rounding step of the
+    8-bit mantissa, and greedy output parted on 22 of 24 prompts). They cost 2-4 % of a float32
+    step up to 4 rows per request and 9-12 % at full width (benchmarks/results/amx). Float64 (test
+    models) keeps the default kernels. ``DSPARK_BATCH_INVARIANT=0`` turns them off, ``=1`` on for
+    every CPU dtype.
     """
     setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
     if setting not in ("auto", "0", "1"):
         raise ModelError(f"DSPARK_BATCH_INVARIANT={setting!r}: use 0, 1 or auto")
     if setting != "auto":
         return setting == "1" and device.type == "cpu"
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and products_rows_invariant(dtype))
 
 
 def _take(tensors: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
