@@ -13,12 +13,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_core.models import layers
+from dspark_core.models import layers, row_bands
 from dspark_core.models.base import make_forward_batch
 from dspark_core.models.cpu_linear import bfloat16_packed_supported
 from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_CHUNK, RowLayout, attend, grouped_mask,
                                        invariant_linear, products_rows_invariant)
 from dspark_core.models.random_models import random_target, tiny_target_config
+from dspark_core.models.row_bands import RowBand, banded_attention, plan_bands, plan_cuts
 
 # Shapes of a real small model (64-wide heads, grouped queries, several key chunks of context), so
 # the products take the kernels serving takes; a few layers keep it fast.
@@ -152,3 +153,40 @@ def test_transposed_key_cache_holds_the_same_keys():
         (keys, values), (keys_t, values_t) = read(plain), read(transposed)
         assert keys_t.shape == keys.shape[:2] + (8, 9)
         assert torch.equal(keys_t, keys.transpose(-1, -2)) and torch.equal(values_t, values)
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=st.lists(st.integers(0, 12), min_size=1, max_size=16), gather=st.integers(0, 30))
+def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts, gather):
+    cuts = plan_cuts(counts, gather_rows=gather)
+    assert cuts[0] == 0 and cuts[-1] == max(counts) and cuts == sorted(set(cuts))
+
+    def cost(plan):
+        total = 0
+        for j, (lo, hi) in enumerate(zip(plan, plan[1:])):
+            members = len(counts) if lo == 0 else sum(c > lo for c in counts)
+            total += members * (hi - lo) + (0 if j == 0 else len(counts) + gather * members)
+        return total
+
+    assert cost(cuts) <= cost(sorted({0, max(counts)}))
+    assert all(any(c > lo for c in counts) for lo in cuts[1:-1])  # no band without a request in it
+
+
+def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch):
+    """Uneven rows per request (an adaptive verify step): attention in bands, some with copied keys,
+    must give every real row exactly what one padded chunked-attention call gives."""
+    generator = torch.Generator().manual_seed(3)
+    counts, kv_heads, groups, head_dim, length = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64, 256
+    rows = max(counts)
+    positions = torch.tensor([[100 + 17 * b + r for r in range(rows)] for b in range(len(counts))])
+    causal = (torch.arange(length)[None, None, None, :] <= positions[:, None, :, None])
+    q = torch.randn(len(counts), rows, kv_heads * groups, head_dim, generator=generator)
+    keys_t = torch.randn(len(counts), kv_heads, head_dim, length, generator=generator)
+    values = torch.randn(len(counts), kv_heads, length, head_dim, generator=generator)
+    monkeypatch.setattr(row_bands, "GATHER_ROWS", 0)  # copies priced at nothing: a split is planned
+    bands = plan_bands(causal, counts, groups, torch.float32)
+    assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
+    banded = banded_attention(q, keys_t, values, bands)
+    whole = banded_attention(q, keys_t, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])
+    for b, count in enumerate(counts):
+        assert torch.equal(banded[b, :count], whole[b, :count]), f"request {b}"

@@ -317,7 +317,8 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
     root = Path(__file__).resolve().parents[1]
     geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
     plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
-    drafting = (width + 1) * 3 + 4 + 4
+    bucket_8_points = {7: 5, 5: 6}[width]  # K=7: 8, 16, 32, 40, 64; K=5: every multiple of 8
+    drafting = (width + 1) * 3 + bucket_8_points + (width + 1)
     assert len(plan.points) == drafting + 2 * 5 and plan.settings.draft_width == width
     # every captured tier of buckets 1, 2 and 4 is measured, not priced through other buckets'
     # differences: those are the tiers between which the policy chooses on a CPU
@@ -325,6 +326,11 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
         assert sorted(p.target_rows for p in plan.points if p.request_bucket == bucket and not p.draft_off) == \
             list(range(bucket, bucket * (width + 1) + 1, bucket))
     assert sorted({p.request_bucket for p in plan.points if p.draft_off}) == [1, 2, 4, 8, 16]
+    # bucket 16: every tier (a bfloat16 target's cost climbs in stairs of 32 rows, which
+    # interpolation between sparse probes would price as a ramp); bucket 8: 40, the first tier past 32
+    assert sorted(p.target_rows for p in plan.points if p.request_bucket == 16 and not p.draft_off) == \
+        list(range(16, 16 * (width + 1) + 1, 16))
+    assert 40 in {p.target_rows for p in plan.points if p.request_bucket == 8}
 
 
 @pytest.mark.parametrize("width", [5, 7])

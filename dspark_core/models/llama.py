@@ -19,6 +19,7 @@ from dspark_core.errors import ModelError
 from dspark_core.graphs import static_kv_length, static_shapes_active
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.kv_cache import KVCache
+from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, grouped_mask, invariant_linear, linear,
                                       products_rows_invariant, rms_norm, rope_cos_sin, swiglu)
 
@@ -177,7 +178,11 @@ class LlamaTarget(nn.Module):
             if self.batch_invariant:  # whole key chunks (see chunked_attention); the extra keys are masked
                 layout = evolve(layout, kv_len=min(-(-layout.kv_len // KEY_CHUNK) * KEY_CHUNK, cache.max_len))
         heads = self.head_config
-        mask = grouped_mask(layout.causal_mask(), heads.num_heads // heads.num_kv_heads, self.dtype)
+        groups = heads.num_heads // heads.num_kv_heads
+        if self.batch_invariant and not static_shapes_active():  # eager CPU: attention in row bands
+            bands, mask = plan_bands(layout.causal_mask(), layout.valid.sum(1).tolist(), groups, self.dtype), None
+        else:
+            bands, mask = None, grouped_mask(layout.causal_mask(), groups, self.dtype)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
         x = self.embed[batch.tokens]
         saved = {0: x} if 0 in hidden_layers else {}
@@ -186,7 +191,8 @@ class LlamaTarget(nn.Module):
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
             keys, values = layout.read(cache, i, batch.slot_ids)
-            x = x + self._reduce(self._product(attend(q, keys, values, layout, mask, self.batch_invariant), layer.o_proj))
+            attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands)
+            x = x + self._reduce(self._product(attended, layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
