@@ -1,5 +1,4 @@
-"""The CPU device: always available; static graphs, gloo for multi-rank; bfloat16 where the CPU
-multiplies it natively and exactly-reproducibly, else float32."""
+"""The CPU device: always available; float32, static graphs, gloo for multi-rank."""
 
 from __future__ import annotations
 
@@ -33,22 +32,6 @@ class CpuDevice(DeviceSpec):
                 "than float32; drop the flag (auto) to keep float32", **asked)
 
 
-def bfloat16_by_default() -> bool:
-    """Whether ``--dtype=auto`` serves in bfloat16 here: only where bfloat16 products are native
-    (AVX512-BF16 or AMX) and measured row-invariant (the batch-invariant forwards that keep greedy
-    speculative output identical to target-only decoding rely on it). On the AMX CPU of
-    benchmarks/results/amx the target alone ran 1.39x (one request) and 1.48x (sixteen) faster
-    than in float32, and the default SmolLM2 checkpoint is 4-bit quantized, so rounding its
-    weights to bfloat16 (relative error 2^-9) is far below the quantization step."""
-    if not native_bfloat16():
-        return False
-    import torch
-
-    from dspark_core.models.layers import products_rows_invariant
-
-    return products_rows_invariant(torch.bfloat16)
-
-
 def native_bfloat16() -> bool:
     """True when this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): there a bfloat16 draft
     reads half the bytes at full speed. Elsewhere bfloat16 products are emulated and slower."""
@@ -74,7 +57,11 @@ def dspark_device(name: str) -> DeviceSpec | None:
     return CpuDevice(
         name="cpu",
         torch_device="cpu",
-        default_dtype="bfloat16" if bfloat16_by_default() else "float32",
+        # float32, though bfloat16 is exact too (batch-invariant forwards) and 1.4-1.5x faster where
+        # it is native: it is numerically another model, and the default SmolLM2 checkpoint answered
+        # "What is the capital of France?" with "L'Étoile, la Marseillaise" in bfloat16 (float32:
+        # "The capital of France is Paris."); --dtype=bfloat16 asks for it (benchmarks/results/amx)
+        default_dtype="float32",
         default_graph_backend="static",
         distributed_backend="gloo",
         description=f"{os.cpu_count()} logical cores",
