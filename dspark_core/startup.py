@@ -86,7 +86,7 @@ def resolve_launch(config: ServeConfig) -> Launch:
     if config.adaptive_dspark_calibration:
         from dspark_core.configs import DEMO, fit_demo_to_buckets, resolve_calibration
 
-        path = resolve_calibration(config.adaptive_dspark_calibration, config.num_speculative_tokens)
+        path = resolve_calibration(config.adaptive_dspark_calibration, config.num_speculative_tokens, dtype)
         launch.calibration_file = read_calibration_file(path)
         if config.adaptive_dspark_calibration == DEMO:
             launch.calibration_file = fit_demo_to_buckets(launch.calibration_file, launch.geometry.request_buckets)

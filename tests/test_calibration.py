@@ -312,13 +312,18 @@ def tiny_config(vocab: int):
     return tiny_target_config(vocab_size=vocab, num_layers=2, max_position=512)
 
 
-@pytest.mark.parametrize("path,width", [("configs/demo-calibration.json", 7), ("configs/demo-calibration-k5.json", 5)])
+@pytest.mark.parametrize("path,width", [("configs/demo-calibration.json", 7), ("configs/demo-calibration-k5.json", 5),
+                                        ("configs/demo-calibration-bfloat16.json", 7),
+                                        ("configs/demo-calibration-k5-bfloat16.json", 5)])
 def test_shipped_demo_files_are_valid_for_their_width(path, width):
     root = Path(__file__).resolve().parents[1]
     geometry = Geometry.bucket_multiples(width, (1, 2, 4, 8, 16))
     plan = resolve_plan(width, geometry, 2048, read_calibration_file(str(root / path)), grid_check)
-    bucket_8_points = {7: 5, 5: 6}[width]  # K=7: 8, 16, 32, 40, 64; K=5: every multiple of 8
-    drafting = (width + 1) * 3 + bucket_8_points + (width + 1)
+    stairs = "bfloat16" in path
+    # float32: 4 points each in buckets 8 and 16; bfloat16: K=7 bucket 8 at 8, 16, 32, 40, 64 (K=5: every
+    # multiple of 8) and every multiple of 16 in bucket 16
+    large_buckets = ({7: 5, 5: 6}[width] + width + 1) if stairs else 4 + 4
+    drafting = (width + 1) * 3 + large_buckets
     assert len(plan.points) == drafting + 2 * 5 and plan.settings.draft_width == width
     # every captured tier of buckets 1, 2 and 4 is measured, not priced through other buckets'
     # differences: those are the tiers between which the policy chooses on a CPU
@@ -326,11 +331,11 @@ def test_shipped_demo_files_are_valid_for_their_width(path, width):
         assert sorted(p.target_rows for p in plan.points if p.request_bucket == bucket and not p.draft_off) == \
             list(range(bucket, bucket * (width + 1) + 1, bucket))
     assert sorted({p.request_bucket for p in plan.points if p.draft_off}) == [1, 2, 4, 8, 16]
-    # bucket 16: every tier (a bfloat16 target's cost climbs in stairs of 32 rows, which
-    # interpolation between sparse probes would price as a ramp); bucket 8: 40, the first tier past 32
-    assert sorted(p.target_rows for p in plan.points if p.request_bucket == 16 and not p.draft_off) == \
-        list(range(16, 16 * (width + 1) + 1, 16))
-    assert 40 in {p.target_rows for p in plan.points if p.request_bucket == 8}
+    if stairs:  # a bfloat16 target's cost climbs in stairs of 32 rows, which interpolation between
+        # sparse probes would price as a ramp: bucket 16 every tier, bucket 8 also 40 (past 32)
+        assert sorted(p.target_rows for p in plan.points if p.request_bucket == 16 and not p.draft_off) == \
+            list(range(16, 16 * (width + 1) + 1, 16))
+        assert 40 in {p.target_rows for p in plan.points if p.request_bucket == 8}
 
 
 @pytest.mark.parametrize("width", [5, 7])

@@ -67,12 +67,16 @@ def test_make_and_ci_install_with_the_constraints():
     assert "-c \"$ROOT/constraints.txt\"" in (ROOT / ".ci/wheel-check").read_text()
 
 
-@pytest.mark.parametrize("width,name", [(7, "demo-calibration.json"), (5, "demo-calibration-k5.json")])
-def test_demo_calibration_resolves_from_any_directory(tmp_path, monkeypatch, width, name):
+@pytest.mark.parametrize("width,name,dtype", [(7, "demo-calibration.json", "float32"),
+                                              (5, "demo-calibration-k5.json", "float32"),
+                                              (7, "demo-calibration-bfloat16.json", "bfloat16"),
+                                              (5, "demo-calibration-k5-bfloat16.json", "bfloat16")])
+def test_demo_calibration_resolves_from_any_directory(tmp_path, monkeypatch, width, name, dtype):
+    """The demo alias picks the file for the width and the target dtype (bfloat16: the stair grid)."""
     monkeypatch.chdir(tmp_path)
-    assert demo_calibration_path(width) == CONFIGS_DIR / name
+    assert demo_calibration_path(width, dtype) == CONFIGS_DIR / name
     launch = resolve_launch(parse_serve_args(["--model=smollm2", "--draft_model=default",
-                                              f"--num_speculative_tokens={width}",
+                                              f"--num_speculative_tokens={width}", f"--dtype={dtype}",
                                               "--adaptive_dspark_calibration=demo"]))
     assert launch.calibration_file == read_calibration_file(str(CONFIGS_DIR / name))
     # the repository's old paths still lead to the same files
@@ -111,7 +115,8 @@ def test_built_wheel_holds_the_draft_and_the_demo_calibrations(tmp_path):
         names = set(archive.namelist())
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-        for name in ("demo-calibration.json", "demo-calibration-k5.json"):
+        for name in ("demo-calibration.json", "demo-calibration-k5.json", "demo-calibration-bfloat16.json",
+                     "demo-calibration-k5-bfloat16.json"):
             assert archive.read(f"dspark_core/configs/{name}") == (CONFIGS_DIR / name).read_bytes()
         for name in ("config.json", "model.safetensors"):
             member = f"dspark_core/drafts/smollm2/{name}"

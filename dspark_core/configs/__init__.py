@@ -2,7 +2,9 @@
 
 ``--adaptive_dspark_calibration=demo`` names the demo calibration file for the
 draft width: ``demo-calibration.json`` (K=7, the one ``make serve`` uses) or
-``demo-calibration-k5.json`` (K=5). docs/calibration.md describes them.
+``demo-calibration-k5.json`` (K=5). A bfloat16 or float16 launch gets their
+``-bfloat16`` twins, which also probe the first tier of every 32-row stair of a
+batch-invariant bfloat16 target. docs/calibration.md describes them.
 (``configs/`` at the repository root links to these files.)
 
 The demo grid names request buckets 1 to 16. A launch that captures fewer
@@ -28,11 +30,18 @@ if TYPE_CHECKING:
 CONFIGS_DIR = Path(__file__).resolve().parent
 DEMO = "demo"
 DEMO_CALIBRATIONS = {7: "demo-calibration.json", 5: "demo-calibration-k5.json"}
+# Half-precision targets multiply at most 32 rows at a time (batch-invariant products), so their
+# step cost climbs in stairs that interpolation between sparse probes would price as a ramp; their
+# demo grid probes the first tier of every stair. Float32 costs are smooth and keep the shorter grid
+# (about 30 s less startup for `make serve`).
+STAIR_DTYPES = ("bfloat16", "float16")
 
 
-def demo_calibration_path(width: int) -> Path:
-    """The shipped demo calibration file for draft width ``width``."""
+def demo_calibration_path(width: int, dtype: str = "float32") -> Path:
+    """The shipped demo calibration file for draft width ``width`` and target dtype ``dtype``."""
     name = DEMO_CALIBRATIONS.get(width)
+    if name is not None and dtype in STAIR_DTYPES:
+        name = name.replace(".json", "-bfloat16.json")
     if name is None:
         widths = " and ".join(f"K={k}" for k in sorted(DEMO_CALIBRATIONS))
         raise ConfigError(f"--adaptive_dspark_calibration=demo: the demo calibration ships for {widths} only, "
@@ -43,9 +52,9 @@ def demo_calibration_path(width: int) -> Path:
     return path
 
 
-def resolve_calibration(value: str, width: int) -> str:
-    """``demo`` -> the shipped file for ``width``; anything else is a path, returned as given."""
-    return str(demo_calibration_path(width)) if value == DEMO else value
+def resolve_calibration(value: str, width: int, dtype: str = "float32") -> str:
+    """``demo`` -> the shipped file for ``width`` and ``dtype``; anything else is a path, returned as given."""
+    return str(demo_calibration_path(width, dtype)) if value == DEMO else value
 
 
 def fit_demo_to_buckets(demo: CalibrationFile, captured: Sequence[int]) -> CalibrationFile:
