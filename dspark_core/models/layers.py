@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -362,16 +363,26 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
         return layout.unpad(banded_attention(layout.pad(q_rows), keys, values, bands)).reshape(q_rows.shape[0], -1)
     assert mask is not None, "attend needs the additive mask unless row bands are given"
     q = layout.pad(q_rows)  # [B, R, H, hd]
+    if invariant:
+        out = folded_attention(q, keys, values, mask, chunked_attention)
+    else:
+        out = folded_attention(q, keys.to(q.dtype), values.to(q.dtype), mask, _default_attention)
+    return layout.unpad(out).reshape(q_rows.shape[0], -1)
+
+
+def _default_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The non-invariant kernel for folded queries: two matmuls where they pay (:func:`_matmul_attention_for`), else SDPA."""
+    if _matmul_attention_for(q):
+        return matmul_attention(q, keys, values, mask)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
+def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     kernel: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Padded queries ``[B, R, H, d]``: the ``H / KV`` query heads of each key head folded into its
+    rows, ``kernel(folded, keys, values, mask)`` run on ``KV`` heads, and the result unfolded to
+    ``[B, R, H, d]`` (the layout :func:`attend` and the row bands share)."""
     requests, rows, heads, head_dim = q.shape
     kv_heads = keys.shape[1]
-    q = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
-    if invariant:
-        out = chunked_attention(q, keys, values, mask)
-    else:
-        keys, values = keys.to(q.dtype), values.to(q.dtype)
-        if _matmul_attention_for(q):
-            out = matmul_attention(q, keys, values, mask)
-        else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    out = out.reshape(requests, heads, rows, head_dim).transpose(1, 2)  # [B, R, H, hd]
-    return layout.unpad(out).reshape(q_rows.shape[0], -1)
+    folded = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
+    return kernel(folded, keys, values, mask).reshape(requests, heads, rows, head_dim).transpose(1, 2)

@@ -92,27 +92,17 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
 def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, bands: list[RowBand]) -> torch.Tensor:
     """:func:`~dspark_core.models.layers.chunked_attention` of padded queries ``q`` ``[B, R, H, d]``
     band by band; returns ``[B, R, H, d]`` (rows outside every band are zeros, never read)."""
-    from dspark_core.models.layers import chunked_attention
+    from dspark_core.models.layers import chunked_attention, folded_attention
 
-    requests, rows, heads, head_dim = q.shape
-    kv_heads = keys_t.shape[1]
-    if len(bands) == 1 and bands[0].members is None and bands[0].hi == rows:
-        return _band(q, keys_t, values, bands[0].mask, kv_heads, chunked_attention)
+    if len(bands) == 1 and bands[0].members is None and bands[0].hi == q.shape[1]:
+        return folded_attention(q, keys_t, values, bands[0].mask, chunked_attention)
     out = q.new_zeros(q.shape)
     for band in bands:
         if band.members is None:
-            out[:, band.lo : band.hi] = _band(q[:, band.lo : band.hi], keys_t, values, band.mask, kv_heads, chunked_attention)
+            part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, chunked_attention)
+            out[:, band.lo : band.hi] = part
         else:
-            part = _band(q[band.members, band.lo : band.hi], keys_t[band.members], values[band.members], band.mask,
-                         kv_heads, chunked_attention)
+            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[band.members], values[band.members],
+                                    band.mask, chunked_attention)
             out[band.members, band.lo : band.hi] = part
     return out
-
-
-def _band(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, kv_heads: int,
-          attention) -> torch.Tensor:
-    """Fold the query heads of each key head into its rows, attend, unfold: ``[n, r, H, d]``."""
-    requests, rows, heads, head_dim = q.shape
-    folded = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
-    out = attention(folded, keys_t, values, mask)
-    return out.reshape(requests, heads, rows, head_dim).transpose(1, 2)
