@@ -300,6 +300,21 @@ def test_bench_refuses_bad_variants_before_loading_anything(tmp_path, capsys):
     assert "needs the in-process engine" in capsys.readouterr().err
     assert main(["bench", "--url=http://127.0.0.1:9", "--rounds=0"]) == 2
     assert "dspark-core bench: error: --rounds must be at least 1" in capsys.readouterr().err
+    # fewer prompts than requests in flight would never reach the concurrency the cell is named after
+    assert main(["bench", "--url=http://127.0.0.1:9", "--concurrency=1,16", "--prompts_per_concurrency=4,8"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompts_per_concurrency: 8 prompts never reach concurrency 16; give it at least 16" in err
+
+
+def test_bench_defaults_run_every_concurrency_in_several_waves():
+    from dspark_core.commands.bench import DEFAULT_PROMPTS_PER_CONCURRENCY
+    from dspark_core.cli import build_parser
+
+    args = build_parser().parse_args(["bench"])
+    assert args.prompts_per_concurrency == list(DEFAULT_PROMPTS_PER_CONCURRENCY)
+    # several requests at one request, and three waves wherever requests share a step
+    for concurrency, count in zip(args.concurrency, args.prompts_per_concurrency, strict=True):
+        assert count >= max(4, 3 * concurrency) if concurrency > 1 else count >= 4, (concurrency, count)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without CUDA")

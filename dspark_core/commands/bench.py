@@ -17,6 +17,11 @@ NAME = "bench"
 HELP = "Compare budget policies (adaptive, fixed k, none, peers) on real prompts: throughput, TPOT, acceptance."
 
 DEFAULT_POLICIES = "adaptive,none,fixed,threshold,argmax-notier,stale-argmax,min-gain"
+# Prompts per default concurrency (1, 4, 16): three waves at 4 and 16, so a cell measures that many
+# requests in flight, with a refill as each ends, rather than one wave's slowest request (a wave of
+# 16 MT-Bench prompts spent most of its steps with fewer than 16 running, and set the policies by
+# who finishes last); four prompts at one request rather than two.
+DEFAULT_PROMPTS_PER_CONCURRENCY = (4, 12, 48)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(in-process mode).")
     parser.add_argument("--prompts", default=None, help="JSONL prompts (`prompt` or `messages`); default MT-Bench first turns.")
     parser.add_argument("--concurrency", type=positive_ints, default=[1, 4, 16], help="Concurrency sweep.")
-    parser.add_argument("--prompts_per_concurrency", type=positive_ints, default=[2, 4, 16],
-                        help="Prompts run at each concurrency (same order as --concurrency).")
+    parser.add_argument("--prompts_per_concurrency", type=positive_ints, default=list(DEFAULT_PROMPTS_PER_CONCURRENCY),
+                        help="Prompts run at each concurrency (same order as --concurrency). Give a concurrency "
+                             "a few times its own count: a cell of exactly c prompts is one wave, whose time is "
+                             "its slowest request's, and most of it runs with fewer than c requests in flight.")
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
     parser.add_argument("--rounds", type=int, default=3,
                         help="Rounds per concurrency: each runs every policy on the same prompts, in an order "
@@ -169,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.prompts_per_concurrency) != len(args.concurrency):
         raise ConfigError("--prompts_per_concurrency needs one value per --concurrency value")
+    for concurrency, count in zip(args.concurrency, args.prompts_per_concurrency):
+        if count < concurrency:
+            raise ConfigError(f"--prompts_per_concurrency: {count} prompts never reach concurrency {concurrency}; "
+                              f"give it at least {concurrency} (a few times that measures it best)")
     if args.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
     prompts = _prompts(args.prompts)
