@@ -44,6 +44,11 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
     assert policies == {"adaptive", "adaptive-m0", "none", "threshold", "argmax-notier", "stale-argmax",
                         "min-gain"} | {f"fixed-k{k}" for k in range(1, 6)}
     for row in rows:
+        # drafting policies report how often they left the draft off; target-only has no such figure
+        if row["policy"] == "none":
+            assert math.isnan(row["draft_off_rate"])
+        else:
+            assert 0.0 <= row["copy_step_rate"] <= row["draft_off_rate"] <= 1.0
         # three real rounds: each ran every prompt of its concurrency, and every ratio has a spread
         assert row["rounds"] == 3 and row["requests"] == 3 * row["concurrency"]
         assert len(row["per_round"]["output_tokens_per_second"]) == 3
@@ -128,8 +133,8 @@ def _cell(policy, walls, tokens=5, *, uses_draft=True, model=0.5, oracle=0.25, p
 
 
 def test_summary_definitions_on_a_hand_made_cell():
-    cell = CellRecord("fixed-k2", 2, wall_seconds=2.0, steps=4, fallback_steps=1, model_seconds=0.5,
-                      oracle_seconds=0.25, model_steps_covered=4)
+    cell = CellRecord("fixed-k2", 2, wall_seconds=2.0, steps=4, fallback_steps=1, draft_off_steps=2, copy_steps=1,
+                      model_seconds=0.5, oracle_seconds=0.25, model_steps_covered=4)
     cell.requests = [RequestRecord(0, 0.0, 0.5, 1.5, (1, 2, 3, 4, 5), verified=4, accepted=2, steps=2,
                                    verify_widths=[2, 2]),
                      RequestRecord(1, 0.0, 1.0, 2.0, (1, 2, 3), verified=4, accepted=0, steps=2, verify_widths=[2, 2])]
@@ -139,6 +144,13 @@ def test_summary_definitions_on_a_hand_made_cell():
     assert row["accepted_length"] == pytest.approx((2 + 4) / 4)
     assert row["tpot_ms_mean"] == pytest.approx(1e3 * (0.25 + 0.5) / 2)
     assert row["fallback_rate"] == pytest.approx(0.25)
+    assert row["draft_off_rate"] == pytest.approx(0.5) and row["copy_step_rate"] == pytest.approx(0.25)
+    # target-only decoding never drafts: its share of draft-off steps is not a figure
+    plain = summarize(CellRecord("none", 2, wall_seconds=1.0, steps=4, draft_off_steps=4, uses_draft=False))
+    assert math.isnan(plain["draft_off_rate"]) and math.isnan(plain["copy_step_rate"])
+    pooled = pool("adaptive", 2, [CellRecord("adaptive", 2, steps=4, draft_off_steps=1, copy_steps=1),
+                                  CellRecord("adaptive", 2, steps=4, draft_off_steps=3)])
+    assert (pooled.steps, pooled.draft_off_steps, pooled.copy_steps) == (8, 4, 1)
     assert row["model_tokens_per_second"] == pytest.approx(6 / 0.5)
     assert row["oracle_model_tokens_per_second"] == pytest.approx(6 / 0.25)
     assert row["rounds"] == 1 and math.isnan(row["predicted_over_realized"])

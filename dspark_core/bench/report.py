@@ -80,6 +80,10 @@ def summarize(cell: CellRecord, full_width_policy: str = "") -> dict[str, Any]:
         "accepted_length": (accepted + steps) / steps if steps else float("nan"),
         "mean_verify_width": float(np.mean(widths)) if widths else 0.0,
         "fallback_rate": cell.fallback_steps / cell.steps if cell.steps else 0.0,
+        # how often a drafting policy left the draft off, and how many of those steps verified copies
+        # (not defined for target-only decoding, whose every step runs without a draft)
+        "draft_off_rate": cell.draft_off_steps / cell.steps if cell.steps and cell.uses_draft else float("nan"),
+        "copy_step_rate": cell.copy_steps / cell.steps if cell.steps and cell.uses_draft else float("nan"),
         "model_tokens_per_second": figures["model_tokens_per_second"],
         "oracle_model_tokens_per_second": figures["oracle_model_tokens_per_second"],
         "predicted_over_realized": figures["predicted_over_realized"],
@@ -154,7 +158,8 @@ COLUMNS = [("policy", "policy", "{}"), ("c", "concurrency", "{}"), ("tok/s", "ou
            ("TPOT ms", "tpot_ms_mean", "{:.1f}"), ("p50", "tpot_ms_p50", "{:.1f}"), ("p99", "tpot_ms_p99", "{:.1f}"),
            ("TTFT ms", "ttft_ms_mean", "{:.0f}"), ("accept", "acceptance_rate", "{:.2f}"),
            ("tau", "accepted_length", "{:.2f}"), ("verify", "mean_verify_width", "{:.2f}"),
-           ("fallback", "fallback_rate", "{:.2f}"), ("pred/real", "predicted_over_realized", "{:.2f}"),
+           ("fallback", "fallback_rate", "{:.2f}"), ("draft off", "draft_off_rate", "{:.2f}"),
+           ("copy steps", "copy_step_rate", "{:.2f}"), ("pred/real", "predicted_over_realized", "{:.2f}"),
            ("vs full", "vs_fixed_full_width", "{:.2f}x"), ("vs full min/med/max", "vs_fixed_full_width", None),
            ("vs best fixed", "vs_best_fixed", "{:.2f}x"), ("vs best min/med/max", "vs_best_fixed", None),
            ("model tok/s", "model_tokens_per_second", "{:.1f}"),

@@ -47,6 +47,8 @@ class CellRecord:
     wall_seconds: float = 0.0
     steps: int = 0
     fallback_steps: int = 0
+    draft_off_steps: int = 0  # steps that ran no draft (copy steps included)
+    copy_steps: int = 0  # draft-off steps that verified copy proposals
     model_seconds: float = 0.0  # calibrated cost of the steps this policy ran
     oracle_seconds: float = 0.0  # calibrated cost had each step verified exactly what was accepted
     model_steps_covered: int = 0
@@ -69,7 +71,8 @@ def pool(policy: str, concurrency: int, rounds: Sequence[CellRecord]) -> CellRec
     for part in rounds:
         cell.requests += part.requests
         cell.uses_draft = part.uses_draft
-        for name in ("wall_seconds", "steps", "fallback_steps", "model_seconds", "oracle_seconds",
+        for name in ("wall_seconds", "steps", "fallback_steps", "draft_off_steps", "copy_steps",
+                     "model_seconds", "oracle_seconds",
                      "model_steps_covered", "predicted_tokens", "forecast_committed", "forecast_steps"):
             setattr(cell, name, getattr(cell, name) + getattr(part, name))
     return cell
@@ -108,6 +111,8 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
     def observe(report: StepReport) -> None:
         cell.steps += 1
         cell.fallback_steps += int(report.fallback)
+        cell.draft_off_steps += int(report.draft_off)
+        cell.copy_steps += int(report.copy_only)
         if np.isfinite(report.predicted_tokens):
             cell.predicted_tokens += float(report.predicted_tokens)
             cell.forecast_committed += report.committed_tokens
