@@ -172,11 +172,13 @@ def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts
     assert all(any(c > lo for c in counts) for lo in cuts[1:-1])  # no band without a request in it
 
 
-def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch):
+@pytest.mark.parametrize("length", [256, 512])
+def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length):
     """Uneven rows per request (an adaptive verify step): attention in bands, some with copied keys,
-    must give every real row exactly what one padded chunked-attention call gives."""
+    must give every real row exactly what one padded chunked-attention call gives. At 512 keys the
+    banded requests reach only 256 of them, so their bands copy and read just those."""
     generator = torch.Generator().manual_seed(3)
-    counts, kv_heads, groups, head_dim, length = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64, 256
+    counts, kv_heads, groups, head_dim = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64
     rows = max(counts)
     positions = torch.tensor([[100 + 17 * b + r for r in range(rows)] for b in range(len(counts))])
     causal = (torch.arange(length)[None, None, None, :] <= positions[:, None, :, None])
@@ -184,8 +186,11 @@ def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch):
     keys_t = torch.randn(len(counts), kv_heads, head_dim, length, generator=generator)
     values = torch.randn(len(counts), kv_heads, length, head_dim, generator=generator)
     monkeypatch.setattr(row_bands, "GATHER_ROWS", 0)  # copies priced at nothing: a split is planned
-    bands = plan_bands(causal, counts, groups, torch.float32)
+    extents = (positions.amax(1) + 1).tolist()
+    bands = plan_bands(causal, counts, groups, torch.float32, extents)
     assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
+    trimmed = [band.keys for band in bands if band.keys is not None]
+    assert trimmed == ([] if length == 256 else [256] * len(trimmed)) and (length == 256 or trimmed)
     banded = banded_attention(q, keys_t, values, bands)
     whole = banded_attention(q, keys_t, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])
     for b, count in enumerate(counts):

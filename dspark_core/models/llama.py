@@ -180,7 +180,9 @@ class LlamaTarget(nn.Module):
         heads = self.head_config
         groups = heads.num_heads // heads.num_kv_heads
         if self.batch_invariant and not static_shapes_active():  # eager CPU: attention in row bands
-            bands, mask = plan_bands(layout.causal_mask(), layout.valid.sum(1).tolist(), groups, self.dtype), None
+            extents = (layout.query_positions.amax(1) + 1).tolist()
+            bands = plan_bands(layout.causal_mask(), layout.valid.sum(1).tolist(), groups, self.dtype, extents)
+            mask = None
         else:
             bands, mask = None, grouped_mask(layout.causal_mask(), groups, self.dtype)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)

@@ -34,7 +34,11 @@ class RowBand:
     lo: int
     hi: int
     members: torch.Tensor | None
-    mask: torch.Tensor  # additive, [len(members) or B, 1, groups * (hi - lo), L]
+    mask: torch.Tensor  # additive, [len(members) or B, 1, groups * (hi - lo), keys]
+    # keys the band reads: its members' own extent in whole key chunks (None: every key of the batch).
+    # The keys past it are masked for every member, and masked keys add exact zeros, so reading fewer
+    # leaves the bits as they are while copying less
+    keys: int | None = None
 
 
 def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather_rows: int | None = None) -> list[int]:
@@ -71,21 +75,27 @@ def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather
     return cuts[::-1]
 
 
-def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torch.dtype) -> list[RowBand]:
+def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torch.dtype,
+               extents: list[int] | None = None) -> list[RowBand]:
     """Bands of a forward: ``causal`` is the boolean ``[B, 1, R_max, L]`` mask, ``counts`` the rows
-    of each padded request; every band's additive mask is built here, once."""
-    from dspark_core.models.layers import grouped_mask
+    of each padded request and ``extents`` the keys each one reads (its last position + 1; None:
+    all ``L``); every band's additive mask is built here, once."""
+    from dspark_core.models.layers import KEY_CHUNK, grouped_mask
 
     cuts = plan_cuts(counts)
+    length = causal.shape[-1]
     bands = []
     for lo, hi in zip(cuts, cuts[1:]):
         if lo == 0:
-            members = None
-            mask = causal[:, :, lo:hi]
-        else:
-            members = torch.tensor([i for i, c in enumerate(counts) if c > lo], device=causal.device)
-            mask = causal[members, :, lo:hi]
-        bands.append(RowBand(lo, hi, members, grouped_mask(mask, groups, dtype)))
+            bands.append(RowBand(lo, hi, None, grouped_mask(causal[:, :, lo:hi], groups, dtype)))
+            continue
+        chosen = [i for i, c in enumerate(counts) if c > lo]
+        keys = length
+        if extents is not None:  # whole chunks, as chunked attention reads them
+            keys = min(length, -(-max(extents[i] for i in chosen) // KEY_CHUNK) * KEY_CHUNK)
+        members = torch.tensor(chosen, device=causal.device)
+        mask = causal[members, :, lo:hi, :keys]
+        bands.append(RowBand(lo, hi, members, grouped_mask(mask, groups, dtype), None if keys == length else keys))
     return bands
 
 
@@ -102,7 +112,8 @@ def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
             part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, chunked_attention)
             out[:, band.lo : band.hi] = part
         else:
-            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[band.members], values[band.members],
-                                    band.mask, chunked_attention)
+            keys = keys_t.shape[-1] if band.keys is None else band.keys  # slice first: copy only what is read
+            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[..., :keys][band.members],
+                                    values[:, :, :keys][band.members], band.mask, chunked_attention)
             out[band.members, band.lo : band.hi] = part
     return out
