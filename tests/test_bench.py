@@ -326,7 +326,7 @@ def test_bench_defaults_run_every_concurrency_in_several_waves():
     assert args.prompts_per_concurrency == list(DEFAULT_PROMPTS_PER_CONCURRENCY)
     # several requests at one request, and three waves wherever requests share a step
     for concurrency, count in zip(args.concurrency, args.prompts_per_concurrency, strict=True):
-        assert count >= max(4, 3 * concurrency) if concurrency > 1 else count >= 4, (concurrency, count)
+        assert count >= (3 * concurrency if concurrency > 1 else 4), (concurrency, count)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a host without CUDA")

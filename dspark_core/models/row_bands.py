@@ -34,11 +34,11 @@ class RowBand:
     lo: int
     hi: int
     members: torch.Tensor | None
-    mask: torch.Tensor  # additive, [len(members) or B, 1, groups * (hi - lo), keys]
-    # keys the band reads: its members' own extent in whole key chunks (None: every key of the batch).
-    # The keys past it are masked for every member, and masked keys add exact zeros, so reading fewer
-    # leaves the bits as they are while copying less
-    keys: int | None = None
+    # additive, [len(members) or B, 1, groups * (hi - lo), keys]: a band past the first reads only its
+    # members' own keys, up to the last whole chunk any of them sees. The keys past it are masked for
+    # every member, and masked keys add exact zeros, so reading fewer leaves the bits as they are
+    # while copying less
+    mask: torch.Tensor
 
 
 def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather_rows: int | None = None) -> list[int]:
@@ -95,7 +95,7 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
             keys = min(length, -(-max(extents[i] for i in chosen) // KEY_CHUNK) * KEY_CHUNK)
         members = torch.tensor(chosen, device=causal.device)
         mask = causal[members, :, lo:hi, :keys]
-        bands.append(RowBand(lo, hi, members, grouped_mask(mask, groups, dtype), None if keys == length else keys))
+        bands.append(RowBand(lo, hi, members, grouped_mask(mask, groups, dtype)))
     return bands
 
 
@@ -112,7 +112,7 @@ def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
             part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, chunked_attention)
             out[:, band.lo : band.hi] = part
         else:
-            keys = keys_t.shape[-1] if band.keys is None else band.keys  # slice first: copy only what is read
+            keys = band.mask.shape[-1]  # slice, then gather: copy only the keys the band reads
             part = folded_attention(q[band.members, band.lo : band.hi], keys_t[..., :keys][band.members],
                                     values[:, :, :keys][band.members], band.mask, chunked_attention)
             out[band.members, band.lo : band.hi] = part
