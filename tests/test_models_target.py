@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import RowLayout, attend, block_attention, grouped_mask, set_attention_kernel
+from dspark_core.models.layers import RowLayout, attend, block_attention, greedy_tokens, grouped_mask, set_attention_kernel
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -262,3 +262,17 @@ def test_model_decode_counts_aten_calls_per_forward(tmp_path):
     # every layer makes its norms, products, rotary, cache write/read and attention calls
     assert one >= 10 * layers and four >= 10 * layers
     assert abs(one - four) <= 4 * layers  # the count is per layer, not per request
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 9), vocab=st.integers(1, 300), levels=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_greedy_tokens_pick_argmax_first_index_under_ties(rows, vocab, levels, seed):
+    # few distinct values make ties common: the engine's greedy token must still be argmax's (the
+    # first maximal index), or speculative and target-only decoding could part on a tie
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randint(levels, (rows, vocab), generator=g).float()
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    wide = torch.randn(2, 3, 49152, generator=g)
+    wide[0, 1, 7] = wide[0, 1, 40000] = wide.max() + 1  # a tie far apart in a SmolLM2-sized row
+    assert torch.equal(greedy_tokens(wide), wide.argmax(dim=-1))
+    assert int(greedy_tokens(wide)[0, 1]) == 7

@@ -20,6 +20,7 @@ from dspark_core.errors import ConfigError, ModelError
 from dspark_core.geometry import Geometry, span_for
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes_active
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
+from dspark_core.models.layers import greedy_tokens
 from dspark_kernels import kernels_for
 from dspark_kernels.accept_commit import Acceptance, gather_target_tokens
 from dspark_kernels.pack import PackedRows
@@ -125,7 +126,7 @@ class ModelRunner:
         out = self.forward(batch, logit_rows=last_rows)
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
         self.storage.write_prompts(batch.tokens, batch.positions, as_long(row_slots))
-        return out.logits.argmax(dim=-1)
+        return greedy_tokens(out.logits)
 
     # -- the draft proposal, through the graph backend ----------------------------
     def span_for(self, kv_length: int) -> int:
@@ -296,7 +297,7 @@ class ModelRunner:
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
                              padding_slot=self.scratch_slot)
         out = self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers)
-        grid = gather_target_tokens(out.logits.argmax(dim=-1), packed.row_offsets, self.draft_width)
+        grid = gather_target_tokens(greedy_tokens(out.logits), packed.row_offsets, self.draft_width)
         acceptance = self.kernels.accept(drafts, lengths, grid)
         if write_context and out.hidden is not None and self.draft is not None:
             # the draft's context learns the target's view of every row. Rejected rows sit past the
