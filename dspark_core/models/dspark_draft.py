@@ -39,7 +39,7 @@ from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import apply_rope, block_attention, linear, rope_cos_sin
+from dspark_core.models.layers import apply_rope, block_attention, greedy_tokens, linear, rope_cos_sin
 
 
 @frozen
@@ -189,7 +189,7 @@ class DSparkDraft(nn.Module):
         to_target = self.draft_to_target()
         head = self.markov_head
         if head is None:  # no token feeds the next position: the whole block in one argmax
-            out_tokens, prev_emb = to_target[base.argmax(-1)], None
+            out_tokens, prev_emb = to_target[greedy_tokens(base)], None
         else:
             # only the greedy chain is sequential (position j's bias needs token j-1); the confidence
             # head then runs once for the block, since on the CPU a step is bound by per-op overhead
@@ -197,7 +197,7 @@ class DSparkDraft(nn.Module):
             for j in range(c.num_speculative_tokens):
                 embs.append(head.markov_w1(prev))
                 bias, state = head.step(embs[-1], hidden[:, j], state)
-                prev = to_target[(base[:, j] + bias).argmax(-1)]  # float32 + the bias, promoted
+                prev = to_target[greedy_tokens(base[:, j] + bias)]  # float32 + the bias, promoted
                 tokens.append(prev)
             out_tokens, prev_emb = torch.stack(tokens, dim=1), torch.stack(embs, dim=1)
         if self.confidence_head is None:
