@@ -70,6 +70,23 @@ def test_chunked_attention_is_softmax_attention():
             torch.testing.assert_close(out[j, h * 64 : (h + 1) * 64], expected)
 
 
+def test_chunked_attention_with_scores_far_below_the_maximum():
+    """Scores hundreds below their row's maximum are clamped before exp (its fast range): the rows
+    stay softmax attention, and a key one position past a row's own is never read."""
+    generator = torch.Generator().manual_seed(5)
+    keys, values = (torch.randn(1, 1, 200, 64, generator=generator) for _ in range(2))
+    q = 40.0 * torch.randn(2, 2, 64, generator=generator)  # score spreads of several hundred
+    values[0, 0, 151:] = 1e38  # beyond both rows' last key: any weight but an exact zero shows
+    out = _attend_rows(q, keys, values, [2], [149], kv_len=200)
+    for j in range(2):
+        for h in range(2):
+            k, v = keys[0, 0, : 150 + j].double(), values[0, 0, : 150 + j].double()
+            scores = k @ q[j, h].double() / 8.0
+            assert (scores.max() - scores).max() > 200  # the clamp is exercised
+            expected = torch.softmax(scores, dim=0) @ v
+            torch.testing.assert_close(out[j, h * 64 : (h + 1) * 64].double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_invariant_linear_rows_do_not_depend_on_the_row_count(dtype):
     generator = torch.Generator().manual_seed(0)
@@ -172,13 +189,16 @@ def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts
     assert all(any(c > lo for c in counts) for lo in cuts[1:-1])  # no band without a request in it
 
 
+@pytest.mark.parametrize("counts, run", [([1, 8, 2, 0, 5, 2, 7, 1], False), ([1, 2, 8, 7, 1, 0, 2, 1], True)],
+                         ids=["gathered", "consecutive"])
 @pytest.mark.parametrize("length", [256, 512])
-def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length):
+def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length, counts, run):
     """Uneven rows per request (an adaptive verify step): attention in bands, some with copied keys,
     must give every real row exactly what one padded chunked-attention call gives. At 512 keys the
-    banded requests reach only 256 of them, so their bands copy and read just those."""
+    banded requests reach only 256 of them, so their bands copy and read just those. Members that
+    are consecutive requests are read as views instead of copies (``run``), with the same bits."""
     generator = torch.Generator().manual_seed(3)
-    counts, kv_heads, groups, head_dim = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64
+    kv_heads, groups, head_dim = 2, 3, 64
     rows = max(counts)
     positions = torch.tensor([[100 + 17 * b + r for r in range(rows)] for b in range(len(counts))])
     causal = (torch.arange(length)[None, None, None, :] <= positions[:, None, :, None])
@@ -192,6 +212,7 @@ def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length
     # the banded requests see at most 227 keys: their bands read two chunks of 128, whatever the batch's length
     assert [band.mask.shape[-1] for band in bands if band.members is not None] == [256] * (len(bands) - 1)
     assert bands[0].members is None and bands[0].mask.shape[-1] == length
+    assert any(band.run is not None for band in bands[1:]) == run  # the path this case is for
     banded = banded_attention(q, keys_t, values, bands)
     whole = banded_attention(q, keys_t, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])
     for b, count in enumerate(counts):

@@ -285,9 +285,19 @@ def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 # Keys per chunk of :func:`chunked_attention`; batch-invariant forwards read a multiple of it.
 KEY_CHUNK = 128
+# The lowest score (after the row's maximum is subtracted) that chunked_attention passes to exp:
+# exp(-87) is still a normal float32, so exp stays on its fast path.
+EXP_FLOOR = -87.0
 
 
-def chunked_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def keep_mask(mask: torch.Tensor) -> torch.Tensor:
+    """1.0 where the additive ``mask`` lets a query see a key, 0.0 where it is -inf, in float32 (the
+    weights :func:`chunked_attention` multiplies its masked scores by)."""
+    return torch.isfinite(mask).to(torch.float32)
+
+
+def chunked_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                      keep: torch.Tensor | None = None) -> torch.Tensor:
     """Attention whose every query row gets the same bits whatever else is in the batch.
 
     ``q`` ``[B, KV, rows, d]``, ``keys_t`` ``[B, KV, d, L]`` (keys transposed, as a
@@ -301,26 +311,30 @@ def chunked_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tenso
     matrix, whose bits measured independent of the row count from two rows on), then the keys in
     chunks of :data:`KEY_CHUNK` (the key axis padded to a multiple, masked), each chunk reduced on
     its own and the chunks added up in key order. Keys a row cannot see add exact zeros, so
-    reading more of them changes nothing. Computed in float32 at least.
+    reading more of them changes nothing. Computed in float32 at least. ``keep``: ``mask``'s finite
+    entries as 1.0 and the rest 0.0 (:func:`keep_mask`); pass it when one mask serves many calls.
     """
     batch, kv_heads, rows, head_dim = q.shape
     length = values.shape[2]
+    if keep is None:
+        keep = keep_mask(mask)
     pad = -length % KEY_CHUNK
     if pad:  # only when the cache itself is not a whole number of chunks long
         keys_t, values = F.pad(keys_t, (0, pad)), F.pad(values, (0, 0, 0, pad))
-        mask = F.pad(mask, (0, pad), value=float("-inf"))
+        mask, keep = F.pad(mask, (0, pad), value=float("-inf")), F.pad(keep, (0, pad))
     if keys_t.stride(-1) != 1:  # a column-major view would take another kernel
         keys_t = keys_t.contiguous()
     dtype = q.dtype
     if rows == 1:  # one row takes a matrix-vector kernel that sums in another order: add a zero row
-        q, mask = F.pad(q, (0, 0, 0, 1)), F.pad(mask, (0, 0, 0, 1))
+        q, mask, keep = F.pad(q, (0, 0, 0, 1)), F.pad(mask, (0, 0, 0, 1)), F.pad(keep, (0, 0, 0, 1))
     compute = torch.promote_types(dtype, torch.float32)
     scores = torch.matmul(q.to(compute), keys_t.to(compute)).mul_(head_dim**-0.5).add_(mask)
-    # exp of -inf takes a slow path (8x a finite entry's time on the development CPU, where it was
-    # a tenth of a verify step): masked entries go through exp as 0 and are zeroed after, the same
-    # bits as exp(-inf) gives
-    blocked = torch.isinf(mask)
-    scores = scores.sub_(scores.amax(-1, keepdim=True)).masked_fill_(blocked, 0.0).exp_().masked_fill_(blocked, 0.0)
+    # On the CPU exp is slow below about -88, where float32 underflows (-inf: 8x a finite entry's
+    # time, -200: 30x), and masked_fill is slow at any size (5x a multiply): so the scores are
+    # clamped into exp's fast range and the masked weights zeroed by a multiply. A weight the clamp
+    # raises is below 2e-38 of the row's largest (1.0) either way; the masked ones are exact zeros
+    # as before, and every step is elementwise, so each row's bits still depend on that row alone
+    scores = scores.sub_(scores.amax(-1, keepdim=True)).clamp_(min=EXP_FLOOR).exp_().mul_(keep)
     values = values.to(compute)
     out = totals = None
     for start in range(0, length + pad, KEY_CHUNK):  # in key order, whatever the chunk count

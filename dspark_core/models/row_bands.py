@@ -16,6 +16,9 @@ counts (a small dynamic programme over the distinct counts) and reused by every 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from attrs import frozen
 
@@ -39,6 +42,17 @@ class RowBand:
     # every member, and masked keys add exact zeros, so reading fewer leaves the bits as they are
     # while copying less
     mask: torch.Tensor
+    # mask's finite entries as 1.0 (layers.keep_mask): built with the mask, once per forward
+    keep: torch.Tensor | None = None
+    # (first, stop) when the members are consecutive padded requests: the band then reads their
+    # queries, keys and values as views and writes its rows back by slice, with no gather (a lone
+    # member, the usual band past the first, always is)
+    run: tuple[int, int] | None = None
+
+    def pick(self, padded: torch.Tensor) -> torch.Tensor:
+        """The members' entries of ``padded`` ``[B, ...]``: a view for a run, else a gathered copy."""
+        assert self.members is not None, "the first band reads every request"
+        return padded[self.run[0] : self.run[1]] if self.run is not None else padded[self.members]
 
 
 def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather_rows: int | None = None) -> list[int]:
@@ -80,14 +94,15 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
     """Bands of a forward: ``causal`` is the boolean ``[B, 1, R_max, L]`` mask, ``counts`` the rows
     of each padded request and ``extents`` the keys each one reads (its last position + 1; None:
     all ``L``); every band's additive mask is built here, once."""
-    from dspark_core.models.layers import KEY_CHUNK, grouped_mask
+    from dspark_core.models.layers import KEY_CHUNK, grouped_mask, keep_mask
 
     cuts = plan_cuts(counts)
     length = causal.shape[-1]
     bands = []
     for lo, hi in zip(cuts, cuts[1:]):
         if lo == 0:
-            bands.append(RowBand(lo, hi, None, grouped_mask(causal[:, :, lo:hi], groups, dtype)))
+            additive = grouped_mask(causal[:, :, lo:hi], groups, dtype)
+            bands.append(RowBand(lo, hi, None, additive, keep_mask(additive)))
             continue
         chosen = [i for i, c in enumerate(counts) if c > lo]
         keys = length
@@ -95,7 +110,9 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
             keys = min(length, -(-max(extents[i] for i in chosen) // KEY_CHUNK) * KEY_CHUNK)
         members = torch.tensor(chosen, device=causal.device)
         mask = causal[members, :, lo:hi, :keys]
-        bands.append(RowBand(lo, hi, members, grouped_mask(mask, groups, dtype)))
+        additive = grouped_mask(mask, groups, dtype)
+        run = (chosen[0], chosen[-1] + 1) if chosen[-1] - chosen[0] + 1 == len(chosen) else None
+        bands.append(RowBand(lo, hi, members, additive, keep_mask(additive), run))
     return bands
 
 
@@ -104,16 +121,22 @@ def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
     band by band; returns ``[B, R, H, d]`` (rows outside every band are zeros, never read)."""
     from dspark_core.models.layers import chunked_attention, folded_attention
 
+    def kernel(band: RowBand) -> Callable[..., torch.Tensor]:
+        return functools.partial(chunked_attention, keep=band.keep)
+
     if len(bands) == 1 and bands[0].members is None and bands[0].hi == q.shape[1]:
-        return folded_attention(q, keys_t, values, bands[0].mask, chunked_attention)
+        return folded_attention(q, keys_t, values, bands[0].mask, kernel(bands[0]))
     out = q.new_zeros(q.shape)
     for band in bands:
         if band.members is None:
-            part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, chunked_attention)
+            part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, kernel(band))
             out[:, band.lo : band.hi] = part
         else:
             keys = band.mask.shape[-1]  # slice, then gather: copy only the keys the band reads
-            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[..., :keys][band.members],
-                                    values[:, :, :keys][band.members], band.mask, chunked_attention)
-            out[band.members, band.lo : band.hi] = part
+            part = folded_attention(band.pick(q)[:, band.lo : band.hi], band.pick(keys_t[..., :keys]),
+                                    band.pick(values[:, :, :keys]), band.mask, kernel(band))
+            if band.run is not None:
+                out[band.run[0] : band.run[1], band.lo : band.hi] = part
+            else:
+                out[band.members, band.lo : band.hi] = part
     return out
