@@ -44,15 +44,6 @@ class RowBand:
     mask: torch.Tensor
     # mask's finite entries as 1.0 (layers.keep_mask): built with the mask, once per forward
     keep: torch.Tensor | None = None
-    # (first, stop) when the members are consecutive padded requests: the band then reads their
-    # queries, keys and values as views and writes its rows back by slice, with no gather (a lone
-    # member, the usual band past the first, always is)
-    run: tuple[int, int] | None = None
-
-    def pick(self, padded: torch.Tensor) -> torch.Tensor:
-        """The members' entries of ``padded`` ``[B, ...]``: a view for a run, else a gathered copy."""
-        assert self.members is not None, "the first band reads every request"
-        return padded[self.run[0] : self.run[1]] if self.run is not None else padded[self.members]
 
 
 def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather_rows: int | None = None) -> list[int]:
@@ -111,8 +102,7 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
         members = torch.tensor(chosen, device=causal.device)
         mask = causal[members, :, lo:hi, :keys]
         additive = grouped_mask(mask, groups, dtype)
-        run = (chosen[0], chosen[-1] + 1) if chosen[-1] - chosen[0] + 1 == len(chosen) else None
-        bands.append(RowBand(lo, hi, members, additive, keep_mask(additive), run))
+        bands.append(RowBand(lo, hi, members, additive, keep_mask(additive)))
     return bands
 
 
@@ -133,10 +123,7 @@ def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor
             out[:, band.lo : band.hi] = part
         else:
             keys = band.mask.shape[-1]  # slice, then gather: copy only the keys the band reads
-            part = folded_attention(band.pick(q)[:, band.lo : band.hi], band.pick(keys_t[..., :keys]),
-                                    band.pick(values[:, :, :keys]), band.mask, kernel(band))
-            if band.run is not None:
-                out[band.run[0] : band.run[1], band.lo : band.hi] = part
-            else:
-                out[band.members, band.lo : band.hi] = part
+            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[..., :keys][band.members],
+                                    values[:, :, :keys][band.members], band.mask, kernel(band))
+            out[band.members, band.lo : band.hi] = part
     return out
