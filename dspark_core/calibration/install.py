@@ -115,6 +115,8 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
                              # verify rows carry the target-only rows' logits bit for bit (docs/architecture.md)
                              "batch_invariant": bool(getattr(engine.runner.target, "batch_invariant", False)),
+                             # greedy tokens from a bfloat16 LM head plus exact candidate logits (models/greedy_head.py)
+                             "greedy_head": bool(getattr(engine.runner.target, "greedy_head_active", False)),
                              "max_model_len": engine.max_model_len,
                              # KV spans the cache-reading keys were also captured for ([]: the whole cache only)
                              "kv_spans": list(engine.runner.kv_spans),

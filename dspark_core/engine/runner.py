@@ -6,6 +6,7 @@ decides what to run, :mod:`dspark_core.engine.step` decides in which order.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Sequence
 from functools import partial
@@ -80,9 +81,17 @@ class ModelRunner:
                                              device=self.device)
         # whether proposals copy (a launch with copies can turn them off and on: a bench compares both)
         self.copies_on = bool(self.copy_orders)
+        # decoding is greedy: a target that can give greedy tokens without full logits is asked to
+        # (a model family's target written before the option gets the plain call)
+        self.target_gives_greedy = _takes_greedy_only(target)
 
-    def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None) -> ForwardOutput:
-        """Target forward that also returns the draft's hidden states when a draft exists."""
+    def forward(self, batch: ForwardBatch, logit_rows: torch.Tensor | None = None, greedy_only: bool = False) -> ForwardOutput:
+        """Target forward that also returns the draft's hidden states when a draft exists; with
+        ``greedy_only``, the greedy tokens instead of the logits where the target can (read them
+        with :func:`_greedy`)."""
+        if greedy_only and self.target_gives_greedy:
+            return self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers, logit_rows=logit_rows,
+                                       greedy_only=True)
         return self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers, logit_rows=logit_rows)
 
     def extend_draft_context(self, hidden: torch.Tensor | None, positions: torch.Tensor, row_slots: torch.Tensor) -> None:
@@ -123,10 +132,10 @@ class ModelRunner:
         as_long = lambda xs: host_to_device(xs, self.device)  # noqa: E731
         batch = ForwardBatch(as_long(tokens), as_long(positions), as_long(list(slots)), as_long(offsets))
         last_rows = as_long(offsets[1:]) - 1
-        out = self.forward(batch, logit_rows=last_rows)
+        out = self.forward(batch, logit_rows=last_rows, greedy_only=True)
         self.extend_draft_context(out.hidden, batch.positions, as_long(row_slots))
         self.storage.write_prompts(batch.tokens, batch.positions, as_long(row_slots))
-        return greedy_tokens(out.logits)
+        return _greedy(out)
 
     # -- the draft proposal, through the graph backend ----------------------------
     def span_for(self, kv_length: int) -> int:
@@ -296,8 +305,8 @@ class ModelRunner:
         batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, slot_ids.new_full((1,), self.scratch_slot)]),
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
                              padding_slot=self.scratch_slot)
-        out = self.target.forward(batch, self.target_cache, hidden_layers=self.hidden_layers)
-        grid = gather_target_tokens(greedy_tokens(out.logits), packed.row_offsets, self.draft_width)
+        out = self.forward(batch, greedy_only=True)
+        grid = gather_target_tokens(_greedy(out), packed.row_offsets, self.draft_width)
         acceptance = self.kernels.accept(drafts, lengths, grid)
         if write_context and out.hidden is not None and self.draft is not None:
             # the draft's context learns the target's view of every row. Rejected rows sit past the
@@ -373,6 +382,18 @@ class ModelRunner:
                     fn = partial(self._verify_fn, target_rows=rows, write_context=write)
                     for span in spans:
                         self.graphs.prepare(self.binding_key(bucket, rows, write, span), fn, example)
+
+
+def _takes_greedy_only(target: TargetModel) -> bool:
+    try:
+        return "greedy_only" in inspect.signature(target.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the plain call
+        return False
+
+
+def _greedy(out: ForwardOutput) -> torch.Tensor:
+    """The greedy tokens of a target forward: its own when it gave them, else ``argmax`` of its logits."""
+    return out.tokens if out.tokens is not None else greedy_tokens(out.full_logits())
 
 
 def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:

@@ -112,10 +112,18 @@ def make_forward_batch(
 
 @frozen
 class ForwardOutput:
-    """What a target forward returns: float32 logits per row, optional hidden states."""
+    """What a target forward returns: float32 logits per row (or, asked for ``greedy_only``, each
+    row's greedy token), optional hidden states."""
 
-    logits: torch.Tensor  # float32 [G, V]
+    logits: torch.Tensor | None  # float32 [G, V]; None when the forward gave greedy tokens only
     hidden: torch.Tensor | None  # [G, len(hidden_layers) * d] or None
+    tokens: torch.Tensor | None = None  # int64 [G]: the greedy tokens, with greedy_only
+
+    def full_logits(self) -> torch.Tensor:
+        """The logits, for callers that asked for them (not ``greedy_only``)."""
+        if self.logits is None:
+            raise ModelError("this forward ran with greedy_only=True and computed greedy tokens, not logits")
+        return self.logits
 
 
 @runtime_checkable
@@ -131,12 +139,15 @@ class TargetModel(Protocol):
         ...
 
     def forward(self, batch: ForwardBatch, cache: Any, hidden_layers: tuple[int, ...] = (),
-                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+                logit_rows: torch.Tensor | None = None, greedy_only: bool = False) -> ForwardOutput:
         """Write the rows' K/V into ``cache`` then return their logits (and hidden states).
 
         ``logit_rows`` (row indices): logits of those rows only, in that order. A prefill reads one
         row per prompt, and the LM head over every prompt row would cost as much as the rest of the
-        forward. Hidden states are returned for every row either way."""
+        forward. Hidden states are returned for every row either way. ``greedy_only``: return each
+        logit row's greedy token (the first index of its largest logit) in ``tokens``; the logits
+        may then be left out (None), which lets a model skip most of its LM head. Greedy decoding
+        (the engine) asks for this; the tokens must depend on the row alone, as the logits do."""
         ...
 
 

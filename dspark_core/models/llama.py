@@ -17,11 +17,14 @@ from torch import nn
 
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_kv_length, static_shapes_active
+from dspark_core.models import greedy_head
 from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
+from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
-from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, grouped_mask, invariant_linear, linear,
-                                      products_rows_invariant, rms_norm, rope_cos_sin, swiglu)
+from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
+                                      invariant_linear, linear, products_rows_invariant, rms_norm, rope_cos_sin,
+                                      swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -161,9 +164,34 @@ class LlamaTarget(nn.Module):
         """Final norm + LM head, float32 logits."""
         return self._product(rms_norm(x, self.final_norm, self.config.rms_eps), self.lm_head).float()
 
+    def greedy_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm + each row's greedy token: through :class:`~dspark_core.models.greedy_head.GreedyHead`
+        where it applies (a float32 head on a CPU with native bfloat16 products), else ``argmax`` of
+        :meth:`logits_from_hidden`'s logits."""
+        normed = rms_norm(x, self.final_norm, self.config.rms_eps)
+        head = self._greedy_head()
+        if head is None:
+            return greedy_tokens(self._product(normed, self.lm_head).float())
+        return head(normed)
+
+    @property
+    def greedy_head_active(self) -> bool:
+        """Whether :meth:`greedy_from_hidden` goes through the bfloat16 :class:`GreedyHead` here."""
+        return self._greedy_head() is not None
+
+    def _greedy_head(self) -> GreedyHead | None:
+        if self.lm_head.dtype != torch.float32 or self.lm_head.device.type != "cpu" or static_shapes_active() \
+                or not greedy_head.enabled():
+            return None
+        cached = getattr(self, "_greedy_head_cache", None)  # (the weight it was built from, the head)
+        if cached is None or cached[0] is not self.lm_head:  # built on first use (60 MB for SmolLM2)
+            cached = (self.lm_head, GreedyHead(self.lm_head.detach()))
+            self._greedy_head_cache = cached
+        return cached[1]
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = (),
-                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+                logit_rows: torch.Tensor | None = None, greedy_only: bool = False) -> ForwardOutput:
         """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its
         position; logits of ``logit_rows`` only when given (see :class:`~dspark_core.models.base.TargetModel`)."""
         c = self.config
@@ -199,4 +227,7 @@ class LlamaTarget(nn.Module):
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return ForwardOutput(self.logits_from_hidden(x if logit_rows is None else x[logit_rows]), hidden)
+        rows = x if logit_rows is None else x[logit_rows]
+        if greedy_only:
+            return ForwardOutput(None, hidden, self.greedy_from_hidden(rows))
+        return ForwardOutput(self.logits_from_hidden(rows), hidden)

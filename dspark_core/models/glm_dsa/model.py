@@ -29,7 +29,7 @@ from dspark_core.models.glm_dsa.config import GlmDsaConfig
 from dspark_core.models.glm_dsa.moe import DenseMlp, MoeBlock
 from dspark_core.models.glm_dsa.static import PerRow, static_shapes_active
 from dspark_core.models.glm_dsa.weights import Weights
-from dspark_core.models.layers import RowLayout, rms_norm, rope_cos_sin
+from dspark_core.models.layers import RowLayout, greedy_tokens, rms_norm, rope_cos_sin
 
 
 class GlmDsaLayer(nn.Module):
@@ -135,10 +135,12 @@ class GlmDsaTarget(nn.Module):
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = (),
-                logit_rows: torch.Tensor | None = None) -> ForwardOutput:
+                logit_rows: torch.Tensor | None = None, greedy_only: bool = False) -> ForwardOutput:
         """Write every row's cache entries at (slot, position), then attend to its slot's selected
-        positions; logits of ``logit_rows`` only when given."""
-        return ForwardOutput(*self.forward_tensors(batch, cache, hidden_layers, logit_rows))
+        positions; logits of ``logit_rows`` only when given (and with ``greedy_only`` their greedy
+        tokens too: this model computes the logits either way)."""
+        logits, hidden = self.forward_tensors(batch, cache, hidden_layers, logit_rows)
+        return ForwardOutput(logits, hidden, greedy_tokens(logits) if greedy_only else None)
 
     def forward_tensors(self, batch: ForwardBatch, cache: GlmDsaCache, hidden_layers: tuple[int, ...] = (),
                         logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
