@@ -79,11 +79,13 @@ def measure(label: str, concurrency: int, steps: int, warmup: int, overlap: bool
     policy, options = POLICIES[label]
     target, draft = tiny_pair(seed=3, block_size=WIDTH)
     graphs = TimedReplays("cpu")
+    # only the buckets up to the one this concurrency steps in: larger ones would be captured and never replayed
+    buckets = tuple(b for b in BUCKETS if b <= next(b for b in BUCKETS if b >= concurrency))
     engine = Engine(target, draft, EngineConfig(draft_width=WIDTH, policy=policy, policy_options=options,
-                                                request_buckets=BUCKETS, max_model_len=512,
+                                                request_buckets=buckets, max_model_len=512,
                                                 schedule_overlap=overlap),
-                    geometry=Geometry.bucket_multiples(WIDTH, BUCKETS), graphs=graphs)
-    engine.install_table(synthetic_table(WIDTH, BUCKETS))
+                    geometry=Geometry.bucket_multiples(WIDTH, buckets), graphs=graphs)
+    engine.install_table(synthetic_table(WIDTH, buckets))
     engine.warmup()
     engine.mark_ready()
     choices = TimedChoices(engine.policy)

@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--also_dtype", default=None, choices=("float32", "bfloat16"),
                         help="Run every policy on a second target in this dtype too (labels `<policy>@<dtype>`).")
     parser.add_argument("--also_table", default=None, help="The --also_dtype target's cost table (same dtype).")
+    parser.add_argument("--max_model_len", type=int, default=2048,
+                        help="Longest prompt + output of a request; every engine zero-fills a KV cache this long per slot.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     if args.also_dtype is not None and args.also_dtype == args.dtype:
@@ -90,6 +92,8 @@ def main() -> None:
         parser.error("--also_table goes with --also_dtype and --table (each dtype priced by a table of its own)")
     if args.concurrency < 1:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.max_model_len < 1:
+        parser.error(f"--max_model_len must be at least 1, got {args.max_model_len}")
     try:
         variants = json.loads(args.variants)
     except json.JSONDecodeError as exc:
@@ -109,14 +113,14 @@ def main() -> None:
 
     target, _ = load_models(None, target_dtype=getattr(torch, args.dtype))
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
-                                   label_tables=other_tables, width=args.width, max_model_len=2048,
+                                   label_tables=other_tables, width=args.width, max_model_len=args.max_model_len,
                                    tiers=args.tiers)
     own_reference = {label: "none" for label in engines}  # the target-only run of the label's own dtype
     if args.also_dtype is not None:
         also_target, _ = load_models(None, target_dtype=getattr(torch, args.also_dtype))
         also = side_by_side_engines(also_target, specs, table_path=args.also_table,
                                     draft_dtype=getattr(torch, args.draft_dtype), width=args.width,
-                                    max_model_len=2048, tiers=args.tiers)
+                                    max_model_len=args.max_model_len, tiers=args.tiers)
         for label, engine in also.items():
             engines[f"{label}@{args.also_dtype}"] = engine
             own_reference[f"{label}@{args.also_dtype}"] = f"none@{args.also_dtype}"
@@ -175,7 +179,7 @@ def main() -> None:
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
-        "threads": args.threads, "tiers": args.tiers, "draft_dtype": args.draft_dtype,
+        "threads": args.threads, "tiers": args.tiers, "max_model_len": args.max_model_len, "draft_dtype": args.draft_dtype,
         "dtype": args.dtype, "also_dtype": args.also_dtype, "also_table": args.also_table}, results)
 
 

@@ -24,8 +24,9 @@ CUDA graph amounts to (same buffers, no Python shapes decided anew).
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
-import traceback
 from pathlib import Path
 
 import torch
@@ -45,13 +46,32 @@ PYTHON_COPIES = ("tolist", "numpy", "cpu")
 _active = threading.local()
 
 
+@functools.lru_cache(maxsize=None)
+def _project_path(filename: str) -> str | None:
+    """A code file's path relative to the repository when it belongs to a project package, else None
+    (cached: the recorders ask for every frame of every op, and resolving paths dominated their cost)."""
+    path = Path(filename).resolve()
+    if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
+        return path.relative_to(ROOT).as_posix()
+    return None
+
+
+def _stack_project_frames(skip: int) -> list[str]:
+    """``path:function`` of the project frames on the stack, innermost first, above the ``skip``
+    innermost frames of the caller (the recorder's own)."""
+    frames, frame = [], sys._getframe(skip + 1)
+    while frame is not None:
+        path = _project_path(frame.f_code.co_filename)
+        if path is not None:
+            frames.append(f"{path}:{frame.f_code.co_name}")
+        frame = frame.f_back
+    return frames
+
+
 def _where() -> str:
     """``path:function`` of the innermost project frame below the recorder."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        path = Path(frame.filename).resolve()
-        if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
-            return f"{path.relative_to(ROOT).as_posix()}:{frame.name}"
-    return "<outside the project>"
+    frames = _stack_project_frames(2)
+    return frames[0] if frames else "<outside the project>"
 
 
 class HostReads(TorchDispatchMode):
@@ -105,12 +125,7 @@ def host_reads():
 
 def _project_frames() -> frozenset[str]:
     """``path:function`` of every project frame on the stack."""
-    frames = set()
-    for frame in traceback.extract_stack()[:-2]:
-        path = Path(frame.filename).resolve()
-        if path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in PACKAGES:
-            frames.add(f"{path.relative_to(ROOT).as_posix()}:{frame.name}")
-    return frozenset(frames)
+    return frozenset(_stack_project_frames(2))
 
 
 class _OutsideReplays(TorchDispatchMode):

@@ -27,12 +27,13 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "6", "--widths", "1,3",
                       "--table", str(TABLE), "--variants", '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}',
-                      "--other_tables", json.dumps({"adaptive-t2": str(TABLE)}), "--threads", "1", "--output", str(out))
+                      "--other_tables", json.dumps({"adaptive-t2": str(TABLE)}), "--threads", "1", "--output", str(out),
+                      "--max_model_len", "96")  # six engines each zero-fill a KV cache per slot: keep them short
     assert proc.returncode == 0, proc.stderr
     saved = json.loads(out.read_text())
     rows = {row["policy"]: row for row in saved["results"]}
     assert list(rows) == ["none", "fixed-k1", "fixed-k3", "adaptive", "adaptive-m0", "adaptive-t2"]
-    assert saved["meta"]["count"] == 3 and saved["meta"]["concurrency"] == 2
+    assert saved["meta"]["count"] == 3 and saved["meta"]["concurrency"] == 2 and saved["meta"]["max_model_len"] == 96
     assert saved["meta"]["other_tables"] == {"adaptive-t2": str(TABLE)}
     for row in rows.values():
         assert row["identical"], row  # greedy speculative output equals target-only, prompt by prompt
@@ -57,7 +58,7 @@ def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["The capital of France is", "Water boils at"]))
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "5", "--widths", "1",
-                      "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out))
+                      "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out), "--max_model_len", "96")
     assert proc.returncode == 0, proc.stderr
     saved = json.loads(out.read_text())
     rows = {row["policy"]: row for row in saved["results"]}
@@ -74,6 +75,7 @@ def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(
     (["--also_dtype", "float32"], "--also_dtype must differ from --dtype (float32)"),
     (["--also_table", "t.json"], "--also_table goes with --also_dtype and --table"),
     (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+    (["--max_model_len", "0"], "--max_model_len must be at least 1, got 0"),
     (["--variants", "{not json"], "--variants is not JSON"),
     (["--variants", '{"a": ["adaptive", {}]}'], "--variants need --table"),
     (["--other_tables", "{not json"], "--other_tables is not JSON"),

@@ -142,6 +142,8 @@ def test_captured_step_runs_models_kernels_and_commit_inside_its_graph_keys(mode
                                                                            options):
     _, engine = recorded_run(models, prompts, references, policy, options, overlap=False, captured=True)
     assert engine.outside_replays
+    # the recorder sees who launched each op: the step's own frames show on the ops it runs outside the keys
+    assert any("dspark_core/engine/step.py:run" in frames for _, frames in engine.outside_replays)
     for op, frames in engine.outside_replays:
         inside = sorted(f for f in frames if f.startswith(INSIDE_KEYS_ONLY))
         assert not inside, f"{op} ran outside the graph keys, from {inside}"
