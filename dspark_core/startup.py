@@ -81,6 +81,8 @@ def resolve_launch(config: ServeConfig) -> Launch:
         prepare(config)
     if config.enable_graph:
         hooks.graph_backend(graph_backend_for(config, device), device)  # fails now, not after loading, when it cannot run here
+    if config.batch_invariant == "on" and device.name != "cpu":
+        raise ConfigError(f"--batch_invariant=on: batch-invariant forwards exist on the cpu device only, not {device.name}")
     if config.adaptive_dspark_cost_table_output:
         check_output_path(config.adaptive_dspark_cost_table_output)
     if config.adaptive_dspark_calibration:
@@ -122,6 +124,22 @@ def fingerprint_launch(launch: Launch) -> Fingerprint:
                            draft_dtype=launch.draft_dtype, target_path=launch.target_path, draft_path=launch.draft_path)
 
 
+def apply_batch_invariance(target: Any, setting: str) -> None:
+    """Apply ``--batch_invariant`` to a loaded target, before its cache is allocated.
+
+    ``auto`` keeps the target's own default. ``on`` needs a target with batch-invariant forwards
+    (``set_batch_invariant``; :func:`resolve_launch` has already refused devices other than the
+    CPU); ``off`` turns them off where there are any and is a no-op elsewhere."""
+    if setting == "auto":
+        return
+    setter = getattr(target, "set_batch_invariant", None)
+    if setter is None:
+        if setting == "on":
+            raise ConfigError(f"--batch_invariant=on: the {type(target).__name__} target has no batch-invariant forwards")
+        return
+    setter(setting == "on")
+
+
 def build_engine(launch: Launch) -> Engine:
     """Load the models and construct the engine; then check table and plan against the real model."""
     from dspark_core.models.loading import target_family
@@ -133,6 +151,7 @@ def build_engine(launch: Launch) -> Engine:
     assert launch.target_path is not None  # set by _resolve_paths
     launch.model_family = target_family(launch.target_path, launch.hooks)
     target = launch.model_family.load_target(launch.target_path, device=launch.device.torch_device, dtype=dtype)
+    apply_batch_invariance(target, config.batch_invariant)
     draft = None
     if launch.draft_path is not None:
         draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=getattr(torch, launch.draft_dtype))

@@ -120,12 +120,11 @@ def test_target_logits_of_a_row_do_not_depend_on_the_batch(dtype):
             assert torch.equal(together[row], alone), f"request {b} row {j}: max diff {(together[row] - alone).abs().max()}"
 
 
-def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16(monkeypatch):
+def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16():
     from dspark_core.errors import ModelError
     from dspark_core.models.llama import batch_invariant_default
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv("DSPARK_BATCH_INVARIANT", raising=False)
     assert batch_invariant_default(cpu, torch.float32)
     # bfloat16 and float16: on where this CPU's products in them measured row-invariant
     assert batch_invariant_default(cpu, torch.bfloat16) == products_rows_invariant(torch.bfloat16)
@@ -134,15 +133,35 @@ def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16(monkeypatch)
         assert batch_invariant_default(cpu, torch.bfloat16)
     assert not batch_invariant_default(cpu, torch.float64)  # test models keep the reference kernels
     assert not batch_invariant_default(cuda, torch.bfloat16)
-    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "1")
-    assert batch_invariant_default(cpu, torch.float64) and not batch_invariant_default(cuda, torch.float32)
-    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "0")
-    assert not batch_invariant_default(cpu, torch.bfloat16)
-    monkeypatch.setenv("DSPARK_BATCH_INVARIANT", "yes")
-    with pytest.raises(ModelError, match="DSPARK_BATCH_INVARIANT='yes': use 0, 1 or auto"):
-        batch_invariant_default(cpu, torch.float32)
     with pytest.raises(ModelError, match="CPU only, not cuda"):
         random_target(MID, batch_invariant=True, device="cuda")
+
+
+def test_serve_flag_turns_invariant_forwards_on_and_off():
+    """``--batch_invariant`` reaches the target through startup.apply_batch_invariance; the cache
+    layout follows the setting, and a target without invariant forwards refuses ``on`` by name."""
+    from dspark_core.errors import ConfigError, ModelError
+    from dspark_core.startup import apply_batch_invariance
+
+    target = random_target(MID, dtype=torch.float64)  # float64: off by default
+    assert not target.batch_invariant and not target.new_cache(1, 8).keys_transposed
+    apply_batch_invariance(target, "on")
+    assert target.batch_invariant and target.new_cache(1, 8).keys_transposed
+    apply_batch_invariance(target, "auto")  # auto leaves the target's setting alone
+    assert target.batch_invariant
+    apply_batch_invariance(target, "off")
+    assert not target.batch_invariant
+    target.device = torch.device("cuda")  # as a CUDA target would be: on is refused, off is fine
+    with pytest.raises(ModelError, match="CPU only, not cuda"):
+        target.set_batch_invariant(True)
+    target.set_batch_invariant(False)
+
+    class Plain:  # a plugin family's target with no invariant forwards
+        pass
+
+    apply_batch_invariance(Plain(), "off")  # nothing to turn off
+    with pytest.raises(ConfigError, match="--batch_invariant=on: the Plain target has no batch-invariant forwards"):
+        apply_batch_invariance(Plain(), "on")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

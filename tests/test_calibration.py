@@ -213,6 +213,26 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
         start([*serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"), "--num_speculative_tokens=7"])
 
 
+def test_batch_invariant_flag_reaches_the_target_the_audit_and_the_saved_table(tmp_path, checkpoints):
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    out = tmp_path / "costs.json"
+    engine, _, audits = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}", "--batch_invariant=off",
+                                          f"--adaptive_dspark_cost_table_output={out}"))
+    assert engine.runner.target.batch_invariant is False and audits[0]["batch_invariant"] is False
+    engine.close()
+    assert json.loads(out.read_text())["fingerprint"]["execution"]["batch_invariant"] == "off"
+    # the kernels change step costs: the table is reused only with the same setting, and `auto` says so by name
+    with pytest.raises(TableError, match="execution.batch_invariant"):
+        start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}"))
+    engine, table, _ = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}", "--batch_invariant=off"))
+    assert engine.table is table
+    engine.close()
+    with pytest.raises(ConfigError, match="--batch_invariant"):
+        parse_serve_args(serve_flags(target, draft, "--batch_invariant=maybe"))
+
+
 def test_probing_a_bucket_whose_prompts_are_admitted_over_several_steps(tmp_path, checkpoints):
     # a prefill budget below the bucket's prompts (on the H200: 64 x 256 tokens against 8 192) admits
     # them over two steps, and the step in between runs in a smaller bucket than the point probes

@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Compute dtype of the in-process engine, as for `serve`.")
     parser.add_argument("--draft_dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="Draft compute dtype of the in-process engine, as for `serve`.")
+    parser.add_argument("--batch_invariant", default="auto", choices=["auto", "on", "off"],
+                        help="Batch-invariant target forwards of the in-process engine, as for `serve`.")
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
@@ -82,6 +84,7 @@ def _engine(args: argparse.Namespace):
              f"--num_speculative_tokens={args.num_speculative_tokens}", "--max_model_len=2048",
              f"--captured_target_rows={args.captured_target_rows}", f"--dtype={getattr(args, 'dtype', 'auto')}",
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
+             f"--batch_invariant={getattr(args, 'batch_invariant', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
              f"--cpu_threads={getattr(args, 'cpu_threads', 1)}",
              f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}"]

@@ -54,6 +54,8 @@ class Execution:
     task_pipeline: bool
     geometry: Geometry
     draft_dtype: str | None = None  # the draft's dtype where it differs from ``dtype`` (None: the same)
+    # --batch_invariant where it is not ``auto`` (None: the target's own default; older tables carry None)
+    batch_invariant: str | None = None
 
 
 @frozen
@@ -145,6 +147,7 @@ def launch_fingerprint(
             task_pipeline=config.enable_task_pipeline,
             geometry=geometry,
             draft_dtype=_draft_dtype(draft_dtype or getattr(config, "draft_dtype", None), dtype or config.dtype, draft),
+            batch_invariant=_batch_invariant(getattr(config, "batch_invariant", "auto")),
         ),
     )
 
@@ -153,6 +156,11 @@ def _draft_dtype(draft_dtype: str | None, dtype: str, draft: Any) -> str | None:
     # recorded only where it differs: tables saved before drafts had their own dtype (and launches
     # whose draft computes in the target's dtype) carry None and stay compatible
     return draft_dtype if draft and draft_dtype not in (None, dtype) else None
+
+
+def _batch_invariant(setting: str) -> str | None:
+    # ``auto`` is recorded as None, so tables saved before the flag existed match an ``auto`` launch
+    return None if setting == "auto" else setting
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ matrix products.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import torch
@@ -37,14 +36,9 @@ def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
     to 6e-5 on SmolLM2, so greedy output may part at a near-tie; bfloat16: a rounding step of the
     8-bit mantissa, and greedy output parted on 22 of 24 prompts). They cost 2-4 % of a float32
     step up to 4 rows per request and 9-12 % at full width (benchmarks/results/amx). Float64 (test
-    models) keeps the default kernels. ``DSPARK_BATCH_INVARIANT=0`` turns them off, ``=1`` on for
-    every CPU dtype.
+    models) keeps the default kernels. ``serve --batch_invariant=on/off`` overrides this default
+    (:meth:`LlamaTarget.set_batch_invariant`).
     """
-    setting = os.environ.get("DSPARK_BATCH_INVARIANT", "auto").strip().lower()
-    if setting not in ("auto", "0", "1"):
-        raise ModelError(f"DSPARK_BATCH_INVARIANT={setting!r}: use 0, 1 or auto")
-    if setting != "auto":
-        return setting == "1" and device.type == "cpu"
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16)
             and products_rows_invariant(dtype))
 
@@ -96,9 +90,8 @@ class LlamaTarget(nn.Module):
         self.device = torch.device(device)
         # Batch-invariant forwards: a row's logits do not depend on the batch it is in (see
         # batch_invariant_default for when they are on).
-        self.batch_invariant = batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant
-        if self.batch_invariant and self.device.type != "cpu":
-            raise ModelError(f"batch-invariant forwards are built and checked for the CPU only, not {self.device.type}")
+        self.batch_invariant = False
+        self.set_batch_invariant(batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant)
         cfg = config
         self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(LlamaLayer(cfg, tensors, i, dtype, device) for i in range(cfg.num_layers))
@@ -107,6 +100,13 @@ class LlamaTarget(nn.Module):
             self.lm_head = self.embed
         else:
             self.lm_head = nn.Parameter(_take(tensors, "lm_head.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Turn batch-invariant forwards on or off (``--batch_invariant``); call it before
+        :meth:`new_cache`, whose layout follows the setting."""
+        if on and self.device.type != "cpu":
+            raise ModelError(f"batch-invariant forwards are built and checked for the CPU only, not {self.device.type}")
+        self.batch_invariant = bool(on)
 
     # -- cache -----------------------------------------------------------------
 
