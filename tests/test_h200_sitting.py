@@ -37,8 +37,11 @@ def test_step_profile_times_every_pair_and_writes_the_profile(tmp_path):
     assert all(r["step_ms_median"] > 0 for r in saved["results"]) and saved["meta"]["device"] == "cpu"
     assert saved["meta"]["attention"] == "matmul" and saved["meta"]["captured_kv_spans"] == "64"
     assert saved["meta"]["kv_spans"] == [64] and saved["meta"]["keys"] > 0
-    # profiled without overlap, so the step's own operators (the target's linear layers) are in the table
-    assert "aten::linear" in out.with_suffix(".txt").read_text()
+    # profiled without overlap, so the step's own operators (the target's linear layers) are in the table:
+    # the packed products of batch-invariant forwards, or aten::linear (which a short run can rank below
+    # the table's 60 rows when only the draft calls it)
+    table = out.with_suffix(".txt").read_text()
+    assert "mkldnn::_linear_pointwise" in table or "aten::linear" in table
 
 
 def test_attention_micro_times_both_kernels_and_they_agree(tmp_path):
