@@ -91,7 +91,8 @@ def main() -> None:
     engine = make_engine(target, draft, width=args.width, policy="fixed", overlap=False,
                          max_model_len=args.max_model_len)
     prompts = read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(80)
-    params = SamplingParams(max_tokens=args.steps + 40, ignore_eos=True)
+    # room for every step to commit a full block: no request finishes (and shrinks the batch) mid-measurement
+    params = SamplingParams(max_tokens=(5 + args.steps) * (args.width + 1) + 1, ignore_eos=True)
     times: dict[str, list[float]] = {label: [] for label in shapes}
     observed: dict[str, set[int]] = {label: set() for label in shapes}  # target rows the timed steps really ran
     reports: list = []
