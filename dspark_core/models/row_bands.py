@@ -5,6 +5,10 @@ as much as the one with the most rows. A verify step of the adaptive policy give
 many rows and the rest one or two (the largest survivals win), and a prefill packs prompts of many
 lengths: padding then dominates attention. On the development CPU an adaptive 32-row step of 16
 requests in bfloat16 took 160 ms against 129 ms for the same 32 rows spread evenly (fixed k1).
+With bands, such a float32 step still costs 1.14x the even one (48 rows: 1.08-1.10x), mostly the
+second band's own attention calls and the copy of its members' keys and values
+(benchmarks/split_shapes.py; benchmarks/results/amx/c16-r3/split-shapes.json). Cost tables price
+steps by their row count only, so this part of an uneven step is not in them.
 
 A band is a range of padded row indices ``[lo, hi)`` computed only for the requests that have a
 row at ``lo`` (the first band: every request, so its keys are read in place). Batch-invariant
