@@ -94,5 +94,27 @@ def test_cached_forward_matches_full_recompute(smollm2):
 
 def test_cli_generate_json(capsys):
     assert main(["generate", "--model=smollm2", "--prompt", QUESTION, "--chat", "--max_tokens=12", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)["completions"][0]
+    printed = json.loads(capsys.readouterr().out)
+    result = printed["completions"][0]
     assert "Paris" in result["text"] and result["token_ids"] and all(isinstance(t, int) for t in result["token_ids"])
+    assert printed["dtype"] == "float32" and printed["draft_dtype"] is None  # auto on the CPU; no draft asked for
+
+
+def test_cli_generate_resolves_the_draft_dtype_as_serve_does(capsys):
+    from dspark_plugins.devices.cpu import native_bfloat16
+
+    args = ["generate", "--model=smollm2", "--draft_model=default", "--prompt", QUESTION, "--chat", "--max_tokens=8", "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["dtype"] == "float32"
+    assert printed["draft_dtype"] == ("bfloat16" if native_bfloat16() else "float32")  # serve's --draft_dtype=auto
+    assert "Paris" in printed["completions"][0]["text"]
+    # the draft really computes in the resolved dtype, and an explicit one wins
+    from dspark_core.cli import build_parser
+    from dspark_core.commands.generate import build_engine
+
+    for flags, expected in (([], printed["draft_dtype"]), (["--draft_dtype=float32"], "float32")):
+        engine = build_engine(build_parser().parse_args([*args, *flags]))
+        assert str(next(engine.runner.draft.parameters()).dtype) == f"torch.{expected}"
+        assert engine.runner.target.dtype == torch.float32
+        engine.close()

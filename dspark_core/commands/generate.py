@@ -36,32 +36,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_batch", type=int, default=16, help="Largest request bucket (prompts decoded together).")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, npu or auto; the device plugin says when one is not usable here.")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="Weight dtype.")
+    parser.add_argument("--dtype", choices=["auto", *sorted(_DTYPES)], default="auto",
+                        help="Compute dtype, as serve's flag (`auto`: the device's default, float32 on CPU and CUDA).")
+    parser.add_argument("--draft_dtype", choices=["auto", *sorted(_DTYPES)], default="auto",
+                        help="Draft compute dtype, as serve's flag (`auto`: the device's draft default, bfloat16 on CPUs "
+                             "with native bfloat16 products, else --dtype). Never changes the output.")
     parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE", help="Extra plugin (repeatable).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object with every completion and its statistics.")
 
 
 def build_engine(args: argparse.Namespace):
-    """The engine for these flags (shared with the benchmark's in-process mode)."""
+    """The engine for these flags; ``--dtype``/``--draft_dtype`` `auto` resolve as serve resolves them."""
     from dspark_core.engine.engine import Engine, EngineConfig
     from dspark_core.geometry import default_request_buckets
     from dspark_core.models.drafts import default_draft_path
     from dspark_core.models.loading import load_target
     from dspark_core.models.speculators_io import load_draft
+    from dspark_core.device import resolve_draft_dtype, resolve_dtype
     from dspark_core.plugins import load_hooks
     from dspark_core.resolve import pick_device
     from dspark_core.table import load_table
 
     hooks = load_hooks(args.plugin)
-    dtype = _DTYPES[args.dtype]
     # the device plugin refuses a device this machine cannot use, before any weight is loaded
     spec = pick_device(hooks, args.device.split(":")[0])
     device = args.device if ":" in args.device else spec.torch_device
+    dtype_name = resolve_dtype(getattr(args, "dtype", "auto"), spec)
+    draft_dtype_name = resolve_draft_dtype(getattr(args, "draft_dtype", "auto"), spec, dtype_name)
+    for flag, name in (("--dtype", dtype_name), ("--draft_dtype", draft_dtype_name)):
+        if name not in _DTYPES:  # a plugin device's default this command cannot run
+            raise ConfigError(f"{flag}=auto: device {spec.name!r} defaults to {name}; choose one of {', '.join(sorted(_DTYPES))}")
+    dtype, draft_dtype = _DTYPES[dtype_name], _DTYPES[draft_dtype_name]
+    args.dtype, args.draft_dtype = dtype_name, draft_dtype_name  # resolved, for the report
     target = load_target(args.model, device=device, dtype=dtype, hooks=hooks)
     draft = None
     if args.draft_model:
         path = default_draft_path(args.model) if args.draft_model == "default" else args.draft_model
-        draft = load_draft(path, device=device, dtype=dtype)
+        draft = load_draft(path, device=device, dtype=draft_dtype)
     policy = args.policy or ("fixed" if draft is not None else "none")
     try:
         options = json.loads(args.policy_options)
@@ -97,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = sum(len(o.token_ids) for o in outputs)
     print(json.dumps({
         "model": str(args.model), "policy": engine.policy.name, "num_speculative_tokens": engine.config.draft_width,
+        # the resolved compute dtypes (the flags may say auto)
+        "dtype": args.dtype, "draft_dtype": args.draft_dtype if engine.runner.draft is not None else None,
         "load_seconds": round(loaded - started, 3), "generate_seconds": round(done - loaded, 3),
         "output_tokens_per_second": round(tokens / max(done - loaded, 1e-9), 2),
         "completions": [{
