@@ -22,7 +22,7 @@ import torch
 from common import add_draft_dtype_argument, cpu_draft_dtype, load_models, make_engine, mtbench_chats, set_threads, write_results
 
 from dspark_core.engine.request import SamplingParams
-from dspark_core.policy import StepPlan, TierChoice, allocate_split
+from dspark_core.policy import StepPlan, TierChoice, allocate_split, smallest_tier
 from dspark_core.prompts import read_prompts_jsonl
 
 # draft rows per request at 16 requests: even ones and uneven ones of the same totals (32 and 16 draft rows)
@@ -53,8 +53,7 @@ class FixedLengths:
     def choose_tier(self, ctx, confidences, caps) -> TierChoice:
         if ctx.live_requests != len(self.lengths):  # requests still being admitted: their own smallest tier
             return TierChoice(min(ctx.tiers))
-        rows = ctx.request_bucket + sum(self.lengths)
-        tier = next((g for g in ctx.tiers if g >= rows), ctx.full_width)
+        tier = smallest_tier(ctx, ctx.request_bucket + sum(self.lengths))
         return TierChoice(tier, lengths=self.lengths + (0,) * (ctx.request_bucket - len(self.lengths)))
 
     split = staticmethod(allocate_split)

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from script_support import ROOT, run_benchmark, write_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "lockstep.py"
 TABLE = ROOT / "benchmarks" / "results" / "draft-long" / "k7" / "cost-table.json"  # the shipped draft's K=7 run
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT / "benchmarks")
+run_script = functools.partial(run_benchmark, "lockstep.py")
 
 
 @pytest.mark.slow
 def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
-                               ["The capital of France is", "Water boils at", "One, two, three,"]))
+    prompts = write_prompts(tmp_path / "prompts.jsonl", ["The capital of France is", "Water boils at", "One, two, three,"])
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "6", "--widths", "1,3",
                       "--table", str(TABLE), "--variants", '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]}',
@@ -54,8 +45,7 @@ def test_every_policy_serves_the_same_workload_and_matches_target_only(tmp_path)
 
 @pytest.mark.slow
 def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["The capital of France is", "Water boils at"]))
+    prompts = write_prompts(tmp_path / "prompts.jsonl", ["The capital of France is", "Water boils at"])
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "5", "--widths", "1",
                       "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out), "--max_model_len", "96")

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from script_support import run_benchmark, write_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "split_shapes.py"
-
-
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT / "benchmarks")
+run_script = functools.partial(run_benchmark, "split_shapes.py")
 
 
 @pytest.mark.slow
 def test_each_shape_verifies_its_own_rows_and_is_timed_every_round(tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["The capital of France is", "Water boils at"]))
+    prompts = write_prompts(tmp_path / "prompts.jsonl", ["The capital of France is", "Water boils at"])
     out = tmp_path / "shapes.json"
     shapes = {"even": [1, 1], "uneven": [2, 0], "wide": [7, 3]}
     proc = run_script("--prompts", str(prompts), "--shapes", json.dumps(shapes), "--rounds", "2", "--steps", "2",

@@ -90,7 +90,6 @@ class LlamaTarget(nn.Module):
         self.device = torch.device(device)
         # Batch-invariant forwards: a row's logits do not depend on the batch it is in (see
         # batch_invariant_default for when they are on).
-        self.batch_invariant = False
         self.set_batch_invariant(batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant)
         cfg = config
         self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
@@ -168,11 +167,10 @@ class LlamaTarget(nn.Module):
         """Final norm + each row's greedy token: through :class:`~dspark_core.models.greedy_head.GreedyHead`
         where it applies (a float32 head on a CPU with native bfloat16 products), else ``argmax`` of
         :meth:`logits_from_hidden`'s logits."""
-        normed = rms_norm(x, self.final_norm, self.config.rms_eps)
         head = self._greedy_head()
         if head is None:
-            return greedy_tokens(self._product(normed, self.lm_head).float())
-        return head(normed)
+            return greedy_tokens(self.logits_from_hidden(x))
+        return head(rms_norm(x, self.final_norm, self.config.rms_eps))
 
     @property
     def greedy_head_active(self) -> bool:
