@@ -27,17 +27,17 @@ import torch
 from common import write_results
 
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import KEY_CHUNK
+from dspark_core.models.layers import KEY_BLOCK
 from dspark_core.models.loading import load_target
 
 
-def whole_chunks(length: int) -> int:
-    """A cache length of whole attention key chunks, as serving's (2 048) is: shorter tails are padded."""
-    return -(-length // KEY_CHUNK) * KEY_CHUNK
+def whole_blocks(length: int) -> int:
+    """A cache length of whole attention key blocks, as serving's (2 048) is."""
+    return -(-length // KEY_BLOCK) * KEY_BLOCK
 
 
 def use_invariant(model, on: bool) -> None:
-    model.batch_invariant = on  # the forward and new caches follow it; a cache made before keeps its layout
+    model.batch_invariant = on  # the forward and new caches follow it
 
 
 def invariance(model, requests: int, context: int, rows: int, seed: int) -> dict:
@@ -47,7 +47,7 @@ def invariance(model, requests: int, context: int, rows: int, seed: int) -> dict
     slots = list(range(requests))
 
     def fresh():
-        cache = model.new_cache(requests + 1, whole_chunks(context + rows + 8))
+        cache = model.new_cache(requests + 1, whole_blocks(context + rows + 8))
         for b in slots:
             model.forward(make_forward_batch([prompts[b]], [0], [b], device=model.device), cache)
         return cache
@@ -73,7 +73,7 @@ def timings(model, context: int, repeats: int) -> list[dict]:
     caches = {}
     for on in (False, True):
         use_invariant(model, on)
-        caches[on] = model.new_cache(17, whole_chunks(context + 16))
+        caches[on] = model.new_cache(17, whole_blocks(context + 16))
         for b in range(16):
             model.forward(make_forward_batch([prompts[b]], [0], [b], device=model.device), caches[on])
     out = []

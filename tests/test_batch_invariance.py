@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from dspark_core.models import layers, row_bands
 from dspark_core.models.base import make_forward_batch
 from dspark_core.models.cpu_linear import bfloat16_packed_supported
-from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_CHUNK, RowLayout, attend, grouped_mask,
-                                       invariant_linear, products_rows_invariant)
+from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_BLOCK, RowLayout, attend, grouped_mask,
+                                       invariant_kv_length, invariant_linear, products_rows_invariant)
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.row_bands import RowBand, banded_attention, plan_bands, plan_cuts
 
@@ -29,27 +29,34 @@ DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     not bfloat16_packed_supported(), reason="no native bfloat16 products on this CPU"))]
 
 
-def _attend_rows(q, keys, values, counts, starts, kv_len=None):
+def _attend_rows(q, keys, values, counts, starts):
+    """Invariant attention of packed rows as the target runs it: the keys of a cache as long as
+    ``keys``, read in whole blocks up to what the rows need."""
     positions = torch.tensor([s + j for s, c in zip(starts, counts) for j in range(c)])
     offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+    layout = RowLayout.build(positions, torch.arange(len(counts)), offsets)
+    kv_len = invariant_kv_length(layout.kv_len, keys.shape[2])
     layout = RowLayout.build(positions, torch.arange(len(counts)), offsets, kv_len=kv_len)
     mask = grouped_mask(layout.causal_mask(), q.shape[1] // keys.shape[1], q.dtype)
-    keys_t = keys[:, :, : layout.kv_len].transpose(-1, -2).contiguous()  # as a transposed-key cache holds them
-    return attend(q, keys_t, values[:, :, : layout.kv_len], layout, mask, invariant=True)
+    return attend(q, keys[:, :, :kv_len], values[:, :, :kv_len], layout, mask, invariant=True)
 
 
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_chunked_attention_gives_each_row_the_bits_it_gets_alone(data):
+def test_invariant_attention_gives_each_row_the_bits_it_gets_alone(data):
+    """Rows of several requests together against each row alone (one request, one row, reading only
+    the blocks it needs). One key head and one query head per key head are drawn too: calls of a
+    single (request, key head) pair and of fewer than MIN_FOLDED_ROWS rows take other paths."""
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     counts = data.draw(st.lists(st.integers(1, 8), min_size=1, max_size=4), label="rows per request")
-    starts = [data.draw(st.integers(0, 3 * KEY_CHUNK), label=f"context{b}") for b in range(len(counts))]
-    extra = data.draw(st.integers(0, 2 * KEY_CHUNK), label="keys read past the last row")
-    heads, kv_heads, head_dim, requests = 6, 2, 64, len(counts)
-    length = max(s + c for s, c in zip(starts, counts)) + extra
-    keys, values = (torch.randn(requests, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+    starts = [data.draw(st.integers(0, 2 * KEY_BLOCK + 100), label=f"context{b}") for b in range(len(counts))]
+    kv_heads = data.draw(st.sampled_from([1, 2]), label="key heads")
+    heads = kv_heads * data.draw(st.sampled_from([1, 3]), label="query heads per key head")
+    cache_length = max(s + c for s, c in zip(starts, counts)) + data.draw(st.integers(0, KEY_BLOCK), label="cache past the last row")
+    head_dim, requests = 64, len(counts)
+    keys, values = (torch.randn(requests, kv_heads, cache_length, head_dim, generator=generator) for _ in range(2))
     q = torch.randn(sum(counts), heads, head_dim, generator=generator)
-    together = _attend_rows(q, keys, values, counts, starts, kv_len=length)
+    together = _attend_rows(q, keys, values, counts, starts)
     row = 0
     for b, (start, count) in enumerate(zip(starts, counts)):
         for j in range(count):  # the same row as a one-row request that reads only what it needs
@@ -58,31 +65,37 @@ def test_chunked_attention_gives_each_row_the_bits_it_gets_alone(data):
             row += 1
 
 
-def test_chunked_attention_is_softmax_attention():
+def test_invariant_attention_reads_whole_key_blocks():
+    assert [invariant_kv_length(n, 2048) for n in (1, 512, 513, 1500)] == [512, 512, 1024, 1536]
+    assert [invariant_kv_length(n, 700) for n in (1, 512, 513, 700)] == [512, 512, 700, 700]
+    assert invariant_kv_length(90, 96) == 96  # a cache shorter than a block is read whole
+
+
+def test_invariant_attention_is_softmax_attention():
     generator = torch.Generator().manual_seed(2)
-    keys, values = (torch.randn(1, 1, 300, 64, generator=generator) for _ in range(2))
+    keys, values = (torch.randn(1, 1, 600, 64, generator=generator) for _ in range(2))
     q = torch.randn(3, 2, 64, generator=generator)
-    out = _attend_rows(q, keys, values, [3], [250])
+    out = _attend_rows(q, keys, values, [3], [550])
     for j in range(3):
         for h in range(2):
-            k, v = keys[0, 0, : 251 + j], values[0, 0, : 251 + j]
+            k, v = keys[0, 0, : 551 + j], values[0, 0, : 551 + j]
             expected = torch.softmax(k @ q[j, h] / 8.0, dim=0) @ v
             torch.testing.assert_close(out[j, h * 64 : (h + 1) * 64], expected)
 
 
-def test_chunked_attention_with_scores_far_below_the_maximum():
-    """Scores hundreds below their row's maximum are clamped before exp (its fast range): the rows
-    stay softmax attention, and a key one position past a row's own is never read."""
+def test_invariant_attention_with_scores_far_below_the_maximum():
+    """Score spreads of several hundred stay softmax attention, and keys past a row's own position
+    get exact zero weights: huge values there never show."""
     generator = torch.Generator().manual_seed(5)
     keys, values = (torch.randn(1, 1, 200, 64, generator=generator) for _ in range(2))
     q = 40.0 * torch.randn(2, 2, 64, generator=generator)  # score spreads of several hundred
     values[0, 0, 151:] = 1e38  # beyond both rows' last key: any weight but an exact zero shows
-    out = _attend_rows(q, keys, values, [2], [149], kv_len=200)
+    out = _attend_rows(q, keys, values, [2], [149])
     for j in range(2):
         for h in range(2):
             k, v = keys[0, 0, : 150 + j].double(), values[0, 0, : 150 + j].double()
             scores = k @ q[j, h].double() / 8.0
-            assert (scores.max() - scores).max() > 200  # the clamp is exercised
+            assert (scores.max() - scores).max() > 200  # far below the maximum
             expected = torch.softmax(scores, dim=0) @ v
             torch.testing.assert_close(out[j, h * 64 : (h + 1) * 64].double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -138,15 +151,15 @@ def test_invariant_forwards_default_on_for_cpu_float32_and_bfloat16():
 
 
 def test_serve_flag_turns_invariant_forwards_on_and_off():
-    """``--batch_invariant`` reaches the target through startup.apply_batch_invariance; the cache
-    layout follows the setting, and a target without invariant forwards refuses ``on`` by name."""
+    """``--batch_invariant`` reaches the target through startup.apply_batch_invariance, and a target
+    without invariant forwards refuses ``on`` by name."""
     from dspark_core.errors import ConfigError, ModelError
     from dspark_core.startup import apply_batch_invariance
 
     target = random_target(MID, dtype=torch.float64)  # float64: off by default
-    assert not target.batch_invariant and not target.new_cache(1, 8).keys_transposed
+    assert not target.batch_invariant
     apply_batch_invariance(target, "on")
-    assert target.batch_invariant and target.new_cache(1, 8).keys_transposed
+    assert target.batch_invariant
     apply_batch_invariance(target, "auto")  # auto leaves the target's setting alone
     assert target.batch_invariant
     apply_batch_invariance(target, "off")
@@ -175,22 +188,6 @@ def test_the_product_self_check_passes_here_and_catches_one_large_product(dtype,
         assert not products_rows_invariant(dtype)
 
 
-def test_transposed_key_cache_holds_the_same_keys():
-    from dspark_core.models.kv_cache import KVCache
-
-    generator = torch.Generator().manual_seed(3)
-    plain, transposed = (KVCache.allocate(2, 4, 16, 3, 8, keys_transposed=t) for t in (False, True))
-    slots, positions = torch.tensor([2, 2, 0]), torch.tensor([5, 6, 1])
-    k, v = (torch.randn(3, 3, 8, generator=generator) for _ in range(2))
-    for cache in (plain, transposed):
-        cache.write(1, slots, positions, k, v)
-    assert transposed.max_len == plain.max_len == 16
-    for read in (lambda c: c.read(1, torch.tensor([2, 0]), 9), lambda c: c.window(1, 0, 3, 9)):
-        (keys, values), (keys_t, values_t) = read(plain), read(transposed)
-        assert keys_t.shape == keys.shape[:2] + (8, 9)
-        assert torch.equal(keys_t, keys.transpose(-1, -2)) and torch.equal(values_t, values)
-
-
 @settings(max_examples=40, deadline=None)
 @given(counts=st.lists(st.integers(0, 12), min_size=1, max_size=16), gather=st.integers(0, 30))
 def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts, gather):
@@ -208,27 +205,46 @@ def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts
     assert all(any(c > lo for c in counts) for lo in cuts[1:-1])  # no band without a request in it
 
 
-@pytest.mark.parametrize("length", [256, 512])
+@pytest.mark.parametrize("length", [256, 1024])
 def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length):
     """Uneven rows per request (an adaptive verify step): attention in bands, some with copied keys,
-    must give every real row exactly what one padded chunked-attention call gives. At 512 keys the
-    banded requests reach only 256 of them, so their bands copy and read just those."""
+    must give every real row exactly what one padded invariant-attention call gives. At 1 024 keys
+    the banded requests reach only the first block, so their bands copy and read just that."""
     generator = torch.Generator().manual_seed(3)
     counts, kv_heads, groups, head_dim = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64
     rows = max(counts)
     positions = torch.tensor([[100 + 17 * b + r for r in range(rows)] for b in range(len(counts))])
     causal = (torch.arange(length)[None, None, None, :] <= positions[:, None, :, None])
     q = torch.randn(len(counts), rows, kv_heads * groups, head_dim, generator=generator)
-    keys_t = torch.randn(len(counts), kv_heads, head_dim, length, generator=generator)
+    keys = torch.randn(len(counts), kv_heads, length, head_dim, generator=generator)
     values = torch.randn(len(counts), kv_heads, length, head_dim, generator=generator)
     monkeypatch.setattr(row_bands, "GATHER_ROWS", 0)  # copies priced at nothing: a split is planned
     extents = (positions.amax(1) + 1).tolist()
     bands = plan_bands(causal, counts, groups, torch.float32, extents)
     assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
-    # the banded requests see at most 227 keys: their bands read two chunks of 128, whatever the batch's length
-    assert [band.mask.shape[-1] for band in bands if band.members is not None] == [256] * (len(bands) - 1)
+    # the banded requests see at most 227 keys: their bands read one block (or the shorter cache)
+    assert [band.mask.shape[-1] for band in bands if band.members is not None] == [min(length, KEY_BLOCK)] * (len(bands) - 1)
     assert bands[0].members is None and bands[0].mask.shape[-1] == length
-    banded = banded_attention(q, keys_t, values, bands)
-    whole = banded_attention(q, keys_t, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])
+    banded = banded_attention(q, keys, values, bands)
+    whole = banded_attention(q, keys, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])
     for b, count in enumerate(counts):
         assert torch.equal(banded[b, :count], whole[b, :count]), f"request {b}"
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_one_request_with_one_key_head_gets_the_bits_it_gets_in_a_batch(rows):
+    """A call of one (request, key head) pair runs outside the flash kernel's parallel region, where
+    the product it calls splits its work across threads and, at some sizes (6 and 9 folded rows
+    here), sums in another order; invariant_attention then computes a second copy of the request.
+    Two threads, as serving runs on a 2-core machine (the suite runs on one)."""
+    generator = torch.Generator().manual_seed(8)
+    keys, values = (torch.randn(2, 1, 512, 64, generator=generator) for _ in range(2))
+    q = torch.randn(2 * rows, 3, 64, generator=generator)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = _attend_rows(q, keys, values, [rows, rows], [300, 200])
+        alone = _attend_rows(q[:rows], keys[:1], values[:1], [rows], [300])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together[:rows], alone)

@@ -20,11 +20,8 @@ from dspark_core.errors import ModelError
 class KVCache:
     """Keys and values of every layer for ``num_slots`` requests of up to ``max_len`` tokens."""
 
-    keys: torch.Tensor  # [num_layers, num_slots, kv_heads, max_len, head_dim]; transposed: [..., head_dim, max_len]
+    keys: torch.Tensor  # [num_layers, num_slots, kv_heads, max_len, head_dim]
     values: torch.Tensor
-    # Keys stored position-last, so attention multiplies queries by a row-major view of them (see
-    # layers.chunked_attention: the layout a product reads also decides its summation order).
-    keys_transposed: bool = False
 
     @classmethod
     def allocate(
@@ -37,13 +34,10 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-        keys_transposed: bool = False,
     ) -> KVCache:
         """Zero-filled cache; allocation happens here once, never during a step."""
         shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
-        key_shape = (num_layers, num_slots, kv_heads, head_dim, max_len) if keys_transposed else shape
-        return cls(torch.zeros(key_shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
-                   keys_transposed)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     @property
     def num_slots(self) -> int:
@@ -56,23 +50,17 @@ class KVCache:
     def write(self, layer: int, slot_of_row: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ([G, kv_heads, head_dim]) of each row at (slot, position)."""
         # Advanced indices around a slice put the row dimension first: [G, kv_heads, head_dim].
-        if self.keys_transposed:
-            self.keys[layer][slot_of_row, :, :, positions] = k.to(self.keys.dtype)
-        else:
-            self.keys[layer][slot_of_row, :, positions] = k.to(self.keys.dtype)
+        self.keys[layer][slot_of_row, :, positions] = k.to(self.keys.dtype)
         self.values[layer][slot_of_row, :, positions] = v.to(self.values.dtype)
 
     def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``
-        (keys ``[B, kv_heads, head_dim, length]`` in a transposed-key cache)."""
-        keys = self.keys[layer][slot_ids, ..., :length] if self.keys_transposed else self.keys[layer][slot_ids, :, :length]
-        return keys, self.values[layer][slot_ids, :, :length]
+        """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``."""
+        return self.keys[layer][slot_ids, :, :length], self.values[layer][slot_ids, :, :length]
 
     def window(self, layer: int, first_slot: int, num_slots: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of positions ``0..length-1`` of slots ``first_slot .. first_slot+num_slots-1``."""
         last = first_slot + num_slots
-        keys = self.keys[layer][first_slot:last, ..., :length] if self.keys_transposed else self.keys[layer][first_slot:last, :, :length]
-        return keys, self.values[layer][first_slot:last, :, :length]
+        return self.keys[layer][first_slot:last, :, :length], self.values[layer][first_slot:last, :, :length]
 
     def check_fits(self, max_position: int, num_slots_needed: int | None = None) -> None:
         """Raise a clear error when a position or slot does not fit this cache."""

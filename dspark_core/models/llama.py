@@ -21,9 +21,9 @@ from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
-from dspark_core.models.layers import (KEY_CHUNK, RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
-                                      invariant_linear, linear, products_rows_invariant, rms_norm, rope_cos_sin,
-                                      swiglu)
+from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
+                                      invariant_kv_length, invariant_linear, linear, products_rows_invariant,
+                                      rms_norm, rope_cos_sin, swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -132,7 +132,7 @@ class LlamaTarget(nn.Module):
         # layer's keys and values on every step (bfloat16 keys convert exactly, once, when written).
         dtype = torch.promote_types(self.dtype, torch.float32) if self.batch_invariant else self.dtype
         return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
-                                dtype=dtype, device=self.device, keys_transposed=self.batch_invariant)
+                                dtype=dtype, device=self.device)
 
     # -- forward ---------------------------------------------------------------
 
@@ -195,14 +195,17 @@ class LlamaTarget(nn.Module):
         c = self.config
         self.check_hidden_layers(hidden_layers)
         if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
-            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets,
-                                     max_rows=batch.num_rows, kv_len=static_kv_length(cache.max_len))
+            kv_len = static_kv_length(cache.max_len)
+            if self.batch_invariant:  # whole key blocks, as the eager forward reads them
+                kv_len = invariant_kv_length(kv_len, cache.max_len)
+            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=batch.num_rows,
+                                     kv_len=kv_len)
         else:
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot)
             cache.check_fits(layout.kv_len - 1)
-            if self.batch_invariant:  # whole key chunks (see chunked_attention); the extra keys are masked
-                layout = evolve(layout, kv_len=min(-(-layout.kv_len // KEY_CHUNK) * KEY_CHUNK, cache.max_len))
+            if self.batch_invariant:  # whole key blocks (see invariant_attention); the extra keys are masked
+                layout = evolve(layout, kv_len=invariant_kv_length(layout.kv_len, cache.max_len))
         heads = self.head_config
         groups = heads.num_heads // heads.num_kv_heads
         if self.batch_invariant and not static_shapes_active():  # eager CPU: attention in row bands

@@ -12,16 +12,13 @@ steps by their row count only, so this part of an uneven step is not in them.
 
 A band is a range of padded row indices ``[lo, hi)`` computed only for the requests that have a
 row at ``lo`` (the first band: every request, so its keys are read in place). Batch-invariant
-attention (:func:`~dspark_core.models.layers.chunked_attention`) computes every query row on its
+attention (:func:`~dspark_core.models.layers.invariant_attention`) computes every query row on its
 own, whatever the other rows, so splitting rows into bands leaves every row's bits as they were;
 ``tests/test_batch_invariance.py`` checks it. The bands are planned once per forward from the row
 counts (a small dynamic programme over the distinct counts) and reused by every layer.
 """
 
 from __future__ import annotations
-
-import functools
-from collections.abc import Callable
 
 import torch
 from attrs import frozen
@@ -46,8 +43,6 @@ class RowBand:
     # every member, and masked keys add exact zeros, so reading fewer leaves the bits as they are
     # while copying less
     mask: torch.Tensor
-    # mask's finite entries as 1.0 (layers.keep_mask): built with the mask, once per forward
-    keep: torch.Tensor | None = None
 
 
 def plan_cuts(counts: list[int], overhead_rows: int = BAND_OVERHEAD_ROWS, gather_rows: int | None = None) -> list[int]:
@@ -89,45 +84,39 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
     """Bands of a forward: ``causal`` is the boolean ``[B, 1, R_max, L]`` mask, ``counts`` the rows
     of each padded request and ``extents`` the keys each one reads (its last position + 1; None:
     all ``L``); every band's additive mask is built here, once."""
-    from dspark_core.models.layers import KEY_CHUNK, grouped_mask, keep_mask
+    from dspark_core.models.layers import grouped_mask, invariant_kv_length
 
     cuts = plan_cuts(counts)
     length = causal.shape[-1]
     bands = []
     for lo, hi in zip(cuts, cuts[1:]):
         if lo == 0:
-            additive = grouped_mask(causal[:, :, lo:hi], groups, dtype)
-            bands.append(RowBand(lo, hi, None, additive, keep_mask(additive)))
+            bands.append(RowBand(lo, hi, None, grouped_mask(causal[:, :, lo:hi], groups, dtype)))
             continue
         chosen = [i for i, c in enumerate(counts) if c > lo]
         keys = length
-        if extents is not None:  # whole chunks, as chunked attention reads them
-            keys = min(length, -(-max(extents[i] for i in chosen) // KEY_CHUNK) * KEY_CHUNK)
+        if extents is not None:  # whole key blocks, as invariant attention reads them
+            keys = invariant_kv_length(max(extents[i] for i in chosen), length)
         members = torch.tensor(chosen, device=causal.device)
-        mask = causal[members, :, lo:hi, :keys]
-        additive = grouped_mask(mask, groups, dtype)
-        bands.append(RowBand(lo, hi, members, additive, keep_mask(additive)))
+        bands.append(RowBand(lo, hi, members, grouped_mask(causal[members, :, lo:hi, :keys], groups, dtype)))
     return bands
 
 
-def banded_attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, bands: list[RowBand]) -> torch.Tensor:
-    """:func:`~dspark_core.models.layers.chunked_attention` of padded queries ``q`` ``[B, R, H, d]``
+def banded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bands: list[RowBand]) -> torch.Tensor:
+    """:func:`~dspark_core.models.layers.invariant_attention` of padded queries ``q`` ``[B, R, H, d]``
     band by band; returns ``[B, R, H, d]`` (rows outside every band are zeros, never read)."""
-    from dspark_core.models.layers import chunked_attention, folded_attention
-
-    def kernel(band: RowBand) -> Callable[..., torch.Tensor]:
-        return functools.partial(chunked_attention, keep=band.keep)
+    from dspark_core.models.layers import folded_attention, invariant_attention
 
     if len(bands) == 1 and bands[0].members is None and bands[0].hi == q.shape[1]:
-        return folded_attention(q, keys_t, values, bands[0].mask, kernel(bands[0]))
+        return folded_attention(q, keys, values, bands[0].mask, invariant_attention)
     out = q.new_zeros(q.shape)
     for band in bands:
         if band.members is None:
-            part = folded_attention(q[:, band.lo : band.hi], keys_t, values, band.mask, kernel(band))
+            part = folded_attention(q[:, band.lo : band.hi], keys, values, band.mask, invariant_attention)
             out[:, band.lo : band.hi] = part
         else:
-            keys = band.mask.shape[-1]  # slice, then gather: copy only the keys the band reads
-            part = folded_attention(q[band.members, band.lo : band.hi], keys_t[..., :keys][band.members],
-                                    values[:, :, :keys][band.members], band.mask, kernel(band))
+            length = band.mask.shape[-1]  # slice, then gather: copy only the keys the band reads
+            part = folded_attention(q[band.members, band.lo : band.hi], keys[:, :, :length][band.members],
+                                    values[:, :, :length][band.members], band.mask, invariant_attention)
             out[band.members, band.lo : band.hi] = part
     return out
