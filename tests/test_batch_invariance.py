@@ -65,10 +65,17 @@ def test_invariant_attention_gives_each_row_the_bits_it_gets_alone(data):
             row += 1
 
 
-def test_invariant_attention_reads_whole_key_blocks():
-    assert [invariant_kv_length(n, 2048) for n in (1, 512, 513, 1500)] == [512, 512, 1024, 1536]
-    assert [invariant_kv_length(n, 700) for n in (1, 512, 513, 700)] == [512, 512, 700, 700]
-    assert invariant_kv_length(90, 96) == 96  # a cache shorter than a block is read whole
+def test_invariant_attention_reads_whole_key_blocks_or_a_checked_short_one():
+    whole = ()
+    assert [invariant_kv_length(n, 2048, whole) for n in (1, 512, 513, 1500)] == [512, 512, 1024, 1536]
+    assert [invariant_kv_length(n, 700, whole) for n in (1, 512, 513, 700)] == [512, 512, 700, 700]
+    assert invariant_kv_length(90, 96, whole) == 96  # a cache shorter than a block is read whole
+    short = (128, 384)
+    assert [invariant_kv_length(n, 2048, short) for n in (1, 128, 129, 385, 600, 1000)] == [128, 128, 384, 512, 640, 1024]
+    assert [invariant_kv_length(n, 700, short) for n in (100, 400, 513)] == [128, 512, 700]  # 640 would cut the cache's last block
+    # the tails in use are those this CPU's check accepts, and a tail the check rejects is never used
+    assert layers.invariant_key_tails() in ((), layers.SHORT_KEY_TAILS)
+    assert layers.key_tails_invariant(()) and layers.key_tails_invariant(layers.invariant_key_tails())
 
 
 def test_invariant_attention_is_softmax_attention():
@@ -209,7 +216,7 @@ def test_row_band_plans_cover_every_row_and_never_cost_more_than_one_band(counts
 def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length):
     """Uneven rows per request (an adaptive verify step): attention in bands, some with copied keys,
     must give every real row exactly what one padded invariant-attention call gives. At 1 024 keys
-    the banded requests reach only the first block, so their bands copy and read just that."""
+    the banded requests reach only the first block, so their bands copy and read at most that."""
     generator = torch.Generator().manual_seed(3)
     counts, kv_heads, groups, head_dim = [1, 8, 2, 0, 5, 2, 7, 1], 2, 3, 64
     rows = max(counts)
@@ -222,8 +229,10 @@ def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length
     extents = (positions.amax(1) + 1).tolist()
     bands = plan_bands(causal, counts, groups, torch.float32, extents)
     assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
-    # the banded requests see at most 227 keys: their bands read one block (or the shorter cache)
-    assert [band.mask.shape[-1] for band in bands if band.members is not None] == [min(length, KEY_BLOCK)] * (len(bands) - 1)
+    # the banded requests see at most 227 keys: their bands read one block, or a short one where this
+    # CPU allows it (384 keys), or the whole cache where it is shorter than a block
+    expected = length if length < KEY_BLOCK else (384 if layers.invariant_key_tails() else KEY_BLOCK)
+    assert [band.mask.shape[-1] for band in bands if band.members is not None] == [expected] * (len(bands) - 1)
     assert bands[0].members is None and bands[0].mask.shape[-1] == length
     banded = banded_attention(q, keys, values, bands)
     whole = banded_attention(q, keys, values, [RowBand(0, rows, None, grouped_mask(causal, groups, torch.float32))])

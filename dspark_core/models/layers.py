@@ -284,21 +284,63 @@ def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 # The CPU flash-attention kernel (aten::_scaled_dot_product_flash_attention_for_cpu) reduces keys
-# in blocks of this many at every query length. Batch-invariant forwards read whole blocks (or the
-# whole cache where it is shorter), so a row's blocks, and their bits, do not depend on how many
-# keys the rest of the batch needs.
+# in blocks of this many at every query length. Batch-invariant forwards read whole blocks (see
+# invariant_kv_length), so a row's blocks, and their bits, do not depend on how many keys the rest
+# of the batch needs.
 KEY_BLOCK = 512
+# A last block shorter than KEY_BLOCK that still gives every row of it the bits a whole block
+# gives, where invariant_key_tails() measures so: on the development CPU a row within the first 128
+# keys of its block got the same bits from blocks of 128 to 512 keys, and a row past them from
+# blocks of 384 to 512, but not from 256 or 320 (the value product sums its keys in another
+# grouping). Short contexts then read 128 or 384 keys instead of 512.
+SHORT_KEY_TAILS = (128, 384)
 # Fewer folded query rows than this take another product path inside that kernel, whose bits
 # differ (measured on torch 2.13: 3 rows differ from 4+; 4 to 3 000 rows agree), so calls are
 # padded up to it.
 MIN_FOLDED_ROWS = 4
 
 
-def invariant_kv_length(needed: int, cache_length: int) -> int:
+def invariant_kv_length(needed: int, cache_length: int, tails: tuple[int, ...] | None = None) -> int:
     """Keys a batch-invariant forward reads when its rows need ``needed``: whole
-    :data:`KEY_BLOCK` blocks, capped at the cache (whose last block is then the same short one
-    for every row that reaches it)."""
-    return min(-(-needed // KEY_BLOCK) * KEY_BLOCK, cache_length)
+    :data:`KEY_BLOCK` blocks, the last one possibly one of the shorter ``tails`` (default:
+    :func:`invariant_key_tails`). A block the cache cannot hold whole is read up to the cache's
+    end, so every row in it always meets the same short block."""
+    full, tail = divmod(needed, KEY_BLOCK)
+    if tail == 0:
+        return min(needed, cache_length)
+    if (full + 1) * KEY_BLOCK > cache_length:
+        return cache_length
+    tails = invariant_key_tails() if tails is None else tails
+    return full * KEY_BLOCK + next((t for t in tails if t >= tail), KEY_BLOCK)
+
+
+@functools.cache
+def invariant_key_tails() -> tuple[int, ...]:
+    """The last-block lengths :func:`invariant_kv_length` may use on this CPU: :data:`SHORT_KEY_TAILS`
+    where a check, run once per process, finds that they give rows the bits of whole blocks, none
+    otherwise (every block whole). Block lengths change how the kernel's products group their sums,
+    which depends on the BLAS build and the CPU, so this is measured rather than assumed."""
+    return SHORT_KEY_TAILS if key_tails_invariant(SHORT_KEY_TAILS) else ()
+
+
+def key_tails_invariant(tails: tuple[int, ...]) -> bool:
+    """Whether rows at positions across two blocks get the same bits from every key length that
+    :func:`invariant_kv_length` with ``tails`` can give them (rows alone and beside others)."""
+    generator = torch.Generator().manual_seed(0)
+    kv_heads, groups, head_dim, length = 2, 3, 64, 2 * KEY_BLOCK
+    keys, values = (torch.randn(2, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+    for position in (3, 100, 127, 128, 200, 383, 384, 500, KEY_BLOCK + 60, KEY_BLOCK + 130, KEY_BLOCK + 300):
+        q = torch.randn(2, kv_heads, 2 * groups, head_dim, generator=generator)
+        positions = torch.tensor([position - 1, position] * groups)
+        reference = None
+        for read in sorted({invariant_kv_length(n, length, tails) for n in range(position + 1, length + 1)}):
+            mask = torch.zeros(1, 1, positions.shape[0], read).masked_fill_(
+                torch.arange(read)[None, None, None, :] > positions[None, None, :, None], float("-inf"))
+            out = invariant_attention(q, keys[:, :, :read], values[:, :, :read], mask)
+            if reference is not None and not torch.equal(out, reference):
+                return False
+            reference = out
+    return True
 
 
 def invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
