@@ -3,12 +3,12 @@
 Attention runs on a padded ``[requests, R_max]`` view of the packed rows, so every request costs
 as much as the one with the most rows. A verify step of the adaptive policy gives a few requests
 many rows and the rest one or two (the largest survivals win), and a prefill packs prompts of many
-lengths: padding then dominates attention. On the development CPU an adaptive 32-row step of 16
-requests in bfloat16 took 160 ms against 129 ms for the same 32 rows spread evenly (fixed k1).
-With bands, such a float32 step still costs 1.14x the even one (48 rows: 1.08-1.10x), mostly the
-second band's own attention calls and the copy of its members' keys and values
-(benchmarks/split_shapes.py; benchmarks/results/amx/c16-r3/split-shapes.json). Cost tables price
-steps by their row count only, so this part of an uneven step is not in them.
+lengths: padding then dominates attention. A band past the first still costs its own attention
+calls, a copy of its members' keys and values and the scatter of its output: with the chunked kernel
+this replaced, an uneven 32-row float32 step at 16 requests cost 1.14x the even one (48 rows:
+1.08-1.10x; benchmarks/split_shapes.py, benchmarks/results/amx/c16-r3/split-shapes.json), and the
+flash kernel's calls cost less (benchmarks/attention_kernel.py). Cost tables price steps by their
+row count only, so this part of an uneven step is not in them.
 
 A band is a range of padded row indices ``[lo, hi)`` computed only for the requests that have a
 row at ``lo`` (the first band: every request, so its keys are read in place). Batch-invariant
@@ -27,6 +27,8 @@ from attrs import frozen
 # the batch) and, past the first band, a copy of its requests' keys and values: about as long as
 # GATHER_ROWS padded query rows of those requests take on the development CPU (the copy moves
 # 1.5 kB per key per request; a padded row only adds arithmetic over keys already being read).
+# Checked again for the flash kernel (benchmarks/attention_kernel.py shapes, 100-700 keys): no
+# other setting tried (0:0, 1:4, 2:8, 1:24, 4:48, never split) was faster across shapes.
 BAND_OVERHEAD_ROWS = 1
 GATHER_ROWS = 12
 
