@@ -15,7 +15,7 @@ from dspark_core.config import parse_serve_args
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, StartupAborted, TableError
 from dspark_core.geometry import Geometry
-from dspark_core.models import greedy_head
+from dspark_core.models import greedy_head, layers
 from dspark_core.plugins import default_hooks
 from dspark_core.startup import build_engine, resolve_launch
 from dspark_core.table import load_table
@@ -190,6 +190,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["copy_orders"] == []  # the tiny draft's config asks for no copies
     assert audit["batch_invariant"] is True  # float32 on the CPU: verify rows match target-only rows bit for bit
     assert audit["greedy_head"] is greedy_head.enabled()  # the bfloat16 head where this CPU's self-check passed
+    assert audit["attention_key_tails"] == list(layers.invariant_key_tails())  # what this CPU's check allows
     engine.close()
 
     # reuse: warmup again, but no probing and no fit; with copy proposals turned on, each bucket

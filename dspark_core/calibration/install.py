@@ -19,6 +19,7 @@ from dspark_core.calibration.plan import CalibrationPlan
 from dspark_core.calibration.probe import draft_off_summary, points_summary, run_probes
 from dspark_core.convert import unstructure
 from dspark_core.costs.base import CostSample
+from dspark_core.models.layers import invariant_key_tails
 from dspark_core.plugins import Hooks
 from dspark_core.table import CostTable, fit_table, save_table
 
@@ -110,11 +111,14 @@ def bring_up(engine, launch, *, progress: bool = True) -> CostTable | None:
 
 
 def _audit(launch, engine, table: CostTable, source: str) -> None:
+    invariant = bool(getattr(engine.runner.target, "batch_invariant", False))
     extra: dict[str, Any] = {"cost_model": table.model, "graph_backend": engine.runner.graphs.name
                              if engine.runner.graphs is not None else "disabled",
                              "dtype": launch.dtype, "draft_dtype": launch.draft_dtype,
                              # verify rows carry the target-only rows' logits bit for bit (docs/architecture.md)
-                             "batch_invariant": bool(getattr(engine.runner.target, "batch_invariant", False)),
+                             "batch_invariant": invariant,
+                             # the short last key blocks invariant attention may read here (null: not invariant)
+                             "attention_key_tails": list(invariant_key_tails()) if invariant else None,
                              # greedy tokens from a bfloat16 LM head plus exact candidate logits (models/greedy_head.py)
                              "greedy_head": bool(getattr(engine.runner.target, "greedy_head_active", False)),
                              "max_model_len": engine.max_model_len,
