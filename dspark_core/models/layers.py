@@ -359,8 +359,10 @@ def invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     two ``(request, key head)`` pairs, because a call with one pair runs outside the kernel's
     parallel region and the product it calls may then split its work across threads.
     ``tests/test_batch_invariance.py`` checks rows, requests, key lengths and thread counts.
-    It replaced a kernel of one product per 128-key chunk: 1.5x faster at 16 requests
-    and 3-5x for the small calls a row band past the first makes.
+    It replaced a kernel of one product per 128-key chunk (benchmarks/attention_kernel.py, AVX2
+    EPYC): 0.65-0.97x its time at 16 requests of 250-400 keys, 0.77-0.83x on uneven steps and
+    0.35-0.72x for one request, but 1.14-1.26x when every request is below 256 keys (384 keys
+    read where 256 were).
     """
     batch, kv_heads, rows, _ = q.shape
     compute = torch.promote_types(q.dtype, torch.float32)
