@@ -70,8 +70,9 @@ def main() -> None:
     step_ms: dict[tuple[int, int | None, int], list[float]] = {}
     point_seconds: dict[int, float] = {p: 0.0 for p in prefills}
     for _ in range(args.rounds):
-        for prefill in prefills:
-            for bucket, rows in points:
+        # each point at every length back to back: the machine's drift falls within a point's pair
+        for bucket, rows in points:
+            for prefill in prefills:
                 point = ProbePoint(bucket, rows if rows is not None else bucket, 0, prefill, draft_off=rows is None)
                 t0 = time.perf_counter()
                 samples = probe_point(engine, point, plan, generator)

@@ -35,6 +35,14 @@ class DeviceSpec:
         environment and checks ``--npu_kernel_backend``).
         """
 
+    def intra_op_threads(self, config: Any) -> int | None:
+        """Host threads a launch of ``config`` computes with, where they set its step costs (a CPU).
+
+        A saved cost table records the count and is reused only with the same one. None by
+        default: on an accelerator the host threads do not price a step.
+        """
+        return None
+
 
 def import_runtime(module: str, *, needed_for: str, hint: str) -> ModuleType:
     """Import a device's optional runtime library, or raise a ConfigError that says how to get it.

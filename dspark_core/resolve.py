@@ -88,4 +88,11 @@ def fingerprint_for(
     return launch_fingerprint(
         config, geometry if geometry is not None else captured_geometry(config, config.num_speculative_tokens),
         device=device.name if device is not None else None, graph_backend=backend, dtype=dtype, draft_dtype=draft_dtype,
-        target_path=target_path, draft_path=draft_path)
+        target_path=target_path, draft_path=draft_path,
+        cpu_threads=_intra_op_threads(device, config))
+
+
+def _intra_op_threads(device: DeviceSpec | None, config: ServeConfig) -> int | None:
+    # a device object from before the method existed (or a stand-in) prices no host threads
+    method = getattr(device, "intra_op_threads", None)
+    return None if method is None else method(config)

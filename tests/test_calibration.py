@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+import torch
 
 from dspark_core.audit import STARTUP_AUDIT_EVENT
 from dspark_core.calibration.install import bring_up
@@ -191,6 +192,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["batch_invariant"] is True  # float32 on the CPU: verify rows match target-only rows bit for bit
     assert audit["greedy_head"] is greedy_head.enabled()  # the bfloat16 head where this CPU's self-check passed
     assert audit["attention_key_tails"] == list(layers.invariant_key_tails())  # what this CPU's check allows
+    assert audit["cpu_threads"] == torch.get_num_threads()  # auto keeps the process's count (1 in the tests)
     engine.close()
 
     # reuse: warmup again, but no probing and no fit; with copy proposals turned on, each bucket
@@ -232,6 +234,34 @@ def test_batch_invariant_flag_reaches_the_target_the_audit_and_the_saved_table(t
     engine.close()
     with pytest.raises(ConfigError, match="--batch_invariant"):
         parse_serve_args(serve_flags(target, draft, "--batch_invariant=maybe"))
+
+
+def test_a_saved_table_is_reused_only_at_the_thread_count_it_was_priced_at(tmp_path, checkpoints):
+    target, draft = checkpoints
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CAL))
+    out = tmp_path / "costs.json"
+    threads = torch.get_num_threads()
+    try:
+        engine, _, audits = start(serve_flags(target, draft, f"--adaptive_dspark_calibration={cal}", "--cpu_threads=1",
+                                              f"--adaptive_dspark_cost_table_output={out}"))
+        engine.close()
+        assert audits[0]["cpu_threads"] == 1
+        assert json.loads(out.read_text())["fingerprint"]["execution"]["cpu_threads"] == 1
+        # two threads price every step differently: refused by name, before anything is probed
+        with pytest.raises(TableError, match="execution.cpu_threads"):
+            start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={out}", "--cpu_threads=2"))
+        # a table saved before the count was recorded lacks the key and loads at any count
+        legacy = json.loads(out.read_text())
+        del legacy["fingerprint"]["execution"]["cpu_threads"]
+        old_table = tmp_path / "legacy.json"
+        old_table.write_text(json.dumps(legacy))
+        engine, table, audits = start(serve_flags(target, draft, f"--adaptive_dspark_cost_table={old_table}",
+                                                  "--cpu_threads=2"))
+        assert engine.table is table and audits[0]["cpu_threads"] == 2 and torch.get_num_threads() == 2
+        engine.close()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_probing_a_bucket_whose_prompts_are_admitted_over_several_steps(tmp_path, checkpoints):

@@ -88,9 +88,16 @@ def test_the_cpu_device_applies_cpu_threads(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     cpu = default_hooks().device("cpu")
     cpu.prepare_launch(parse_serve_args(["--model=m", "--cpu_threads=3"]))
-    cpu.prepare_launch(parse_serve_args(["--model=m", "--cpu_threads=0"]))  # 0: PyTorch's default is kept
-    cpu.prepare_launch(parse_serve_args(["--model=m"]))  # the flag's default, 1
-    assert calls == [3, 1]
+    cpu.prepare_launch(parse_serve_args(["--model=m", "--cpu_threads=0"]))  # 0 (auto): PyTorch's default is kept
+    cpu.prepare_launch(parse_serve_args(["--model=m"]))  # the flag's default, auto
+    cpu.prepare_launch(parse_serve_args(["--model=m", "--nnodes=2"]))  # auto with ranks sharing a host: one each
+    cpu.prepare_launch(parse_serve_args(["--model=m", "--nnodes=2", "--cpu_threads=2"]))
+    assert calls == [3, 1, 2]
+    # the count a saved table records: the flag's, or the process's own for auto
+    assert cpu.intra_op_threads(parse_serve_args(["--model=m", "--cpu_threads=3"])) == 3
+    assert cpu.intra_op_threads(parse_serve_args(["--model=m"])) == torch.get_num_threads()
+    assert cpu.intra_op_threads(parse_serve_args(["--model=m", "--nnodes=4"])) == 1
+    assert DeviceSpec("plain", "cuda", "float32", "cudagraph", "nccl").intra_op_threads(None) is None
     DeviceSpec("plain", "cpu", "float32", "static", "gloo").prepare_launch(None)  # the base spec does nothing
 
 

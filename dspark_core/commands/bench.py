@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Device plugin of the in-process engine, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--python_graph_backend", default="auto",
                         help="Graph backend of the in-process engine, as for `serve` (`auto`: the device's default).")
-    parser.add_argument("--cpu_threads", type=int, default=1,
+    parser.add_argument("--cpu_threads", type=int, default=0,
                         help="Torch intra-op threads of the in-process engine on the CPU device, as for `serve` "
-                             "(0: PyTorch's default).")
+                             "(0: auto, PyTorch's default of every core).")
     parser.add_argument("--max_seqs_per_batch", type=int, default=16,
                         help="Largest request bucket of the in-process engine (captured up to it; a concurrency "
                              "above it queues the rest). Raise it with a calibration file covering the new buckets.")
@@ -86,7 +86,7 @@ def _engine(args: argparse.Namespace):
              f"--draft_dtype={getattr(args, 'draft_dtype', 'auto')}", f"--device={getattr(args, 'device', 'auto')}",
              f"--batch_invariant={getattr(args, 'batch_invariant', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
-             f"--cpu_threads={getattr(args, 'cpu_threads', 1)}",
+             f"--cpu_threads={getattr(args, 'cpu_threads', 0)}",
              f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}"]
     copies = getattr(args, "copy_proposals", "auto")
     flags.append(f"--copy_proposals={'on' if copies == 'both' else copies}")

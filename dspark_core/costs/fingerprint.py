@@ -56,6 +56,9 @@ class Execution:
     draft_dtype: str | None = None  # the draft's dtype where it differs from ``dtype`` (None: the same)
     # --batch_invariant where it is not ``auto`` (None: the target's own default; older tables carry None)
     batch_invariant: str | None = None
+    # host intra-op threads on a CPU, which change every step's cost (1.5x at 16 requests on 2 cores);
+    # None on other devices, and in tables saved before the count was recorded, which load at any count
+    cpu_threads: int | None = None
 
 
 @frozen
@@ -123,6 +126,7 @@ def launch_fingerprint(
     draft_dtype: str | None = None,
     target_path: str | Path | None = None,
     draft_path: str | Path | None = None,
+    cpu_threads: int | None = None,
 ) -> Fingerprint:
     """Fingerprint of a launch described by a ``ServeConfig``.
 
@@ -148,6 +152,7 @@ def launch_fingerprint(
             geometry=geometry,
             draft_dtype=_draft_dtype(draft_dtype or getattr(config, "draft_dtype", None), dtype or config.dtype, draft),
             batch_invariant=_batch_invariant(getattr(config, "batch_invariant", "auto")),
+            cpu_threads=cpu_threads,
         ),
     )
 
@@ -183,4 +188,9 @@ def compare(saved: Fingerprint, launch: Fingerprint) -> list[Mismatch]:
     _flatten(_plain(saved), "", left)
     _flatten(_plain(launch), "", right)
     names = list(left) + [k for k in right if k not in left]
-    return [Mismatch(k, left.get(k), right.get(k)) for k in names if left.get(k) != right.get(k)]
+    return [Mismatch(k, left.get(k), right.get(k)) for k in names
+            if left.get(k) != right.get(k) and not (k in UNRECORDED_MATCHES_ANY and left.get(k) is None)]
+
+
+#: Keys that tables saved before they existed lack (None): such a table loads whatever the launch has.
+UNRECORDED_MATCHES_ANY = frozenset({"execution.cpu_threads"})

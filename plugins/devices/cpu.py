@@ -15,14 +15,15 @@ from dspark_core.hookspecs import hookimpl
 
 @frozen
 class CpuDevice(DeviceSpec):
-    """The CPU spec; at launch it applies ``--cpu_threads`` (0 keeps PyTorch's default) and warns when
+    """The CPU spec; at launch it applies ``--cpu_threads`` (:func:`launch_cpu_threads`) and warns when
     bfloat16 is asked of a CPU that can only emulate it."""
 
     def prepare_launch(self, config: Any) -> None:
-        if config.cpu_threads > 0:
+        threads = launch_cpu_threads(config)
+        if threads is not None:
             import torch
 
-            torch.set_num_threads(config.cpu_threads)
+            torch.set_num_threads(threads)
         asked = {flag: value for flag, value in (("dtype", config.dtype), ("draft_dtype", config.draft_dtype))
                  if value == "bfloat16"}
         if asked and not native_bfloat16():
@@ -30,6 +31,25 @@ class CpuDevice(DeviceSpec):
             get_logger("cpu").warning(
                 "bfloat16 asked on a CPU without native bfloat16 products: they are emulated and run slower "
                 "than float32; drop the flag (auto) to keep float32", **asked)
+
+
+    def intra_op_threads(self, config: Any) -> int:
+        """The count a launch of ``config`` runs at: its ``--cpu_threads``, or the process's own for auto."""
+        import torch
+
+        threads = launch_cpu_threads(config)
+        return torch.get_num_threads() if threads is None else threads
+
+def launch_cpu_threads(config: Any) -> int | None:
+    """The intra-op thread count ``--cpu_threads`` asks for (None: keep the process's own, PyTorch's default).
+
+    ``0`` (auto) keeps PyTorch's default, every core, for a one-rank launch. Ranks of a multi-rank
+    launch on the CPU usually share one host, where a full-width thread pool per rank would
+    oversubscribe its cores (threads spin at every barrier), so each of them gets one thread.
+    """
+    if config.cpu_threads > 0:
+        return int(config.cpu_threads)
+    return 1 if config.nnodes > 1 else None
 
 
 def native_bfloat16() -> bool:
