@@ -98,6 +98,16 @@ def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_pa
     return engines
 
 
+def policy_labels(parser, text: str, known) -> list[str]:
+    """The comma-separated ``--policies`` of a script, each one of ``known``; an unknown label is a
+    usage error naming it and the choices."""
+    labels = text.split(",")
+    unknown = [name for name in labels if name not in known]
+    if unknown:
+        parser.error(f"--policies: unknown {unknown}; choose from {sorted(known)}")
+    return labels
+
+
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from capture_support import StandInCapturedBackend, device_ops_outside_replays  # noqa: E402
+from common import policy_labels  # noqa: E402
 from engine_support import random_prompts, synthetic_table, tiny_pair  # noqa: E402
 
 from dspark_core.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -143,10 +144,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
-    labels = args.policies.split(",")
-    unknown = [name for name in labels if name not in POLICIES]
-    if unknown:
-        parser.error(f"--policies: unknown {unknown}; choose from {sorted(POLICIES)}")
+    labels = policy_labels(parser, args.policies, POLICIES)
     try:
         counts = [int(c) for c in args.concurrency.split(",")]
     except ValueError:

@@ -20,7 +20,7 @@ import argparse
 import time
 
 import numpy as np
-from common import load_models, make_engine, mtbench_chats, set_threads, write_results
+from common import load_models, make_engine, mtbench_chats, policy_labels, set_threads, write_results
 
 from dspark_core.bench.run import CellRecord, run_cell
 from dspark_core.plugins import default_hooks
@@ -53,10 +53,7 @@ def main() -> None:
     parser.add_argument("--max_model_len", type=int, default=1024)
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
-    names = args.policies.split(",")
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise SystemExit(f"--policies: unknown {unknown}; known: {sorted(POLICIES)}")
+    names = policy_labels(parser, args.policies, POLICIES)
     if args.threads:
         set_threads(args.threads)
     prompts = (read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(args.limit))[:args.limit]

@@ -121,9 +121,10 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
                              "attention_key_tails": list(invariant_key_tails()) if invariant else None,
                              # greedy tokens from a bfloat16 LM head plus exact candidate logits (models/greedy_head.py)
                              "greedy_head": bool(getattr(engine.runner.target, "greedy_head_active", False)),
-                             # host intra-op threads the steps computed with (null: not priced by them)
-                             "cpu_threads": launch.device.intra_op_threads(launch.config)
-                             if hasattr(launch.device, "intra_op_threads") else None,
+                             # host intra-op threads the steps were priced at, as the table records them
+                             # (null: not priced by them)
+                             "cpu_threads": None if launch.fingerprint is None
+                             else launch.fingerprint.execution.cpu_threads,
                              "max_model_len": engine.max_model_len,
                              # KV spans the cache-reading keys were also captured for ([]: the whole cache only)
                              "kv_spans": list(engine.runner.kv_spans),
