@@ -20,7 +20,7 @@ import argparse
 import time
 
 import numpy as np
-from common import load_models, make_engine, mtbench_chats, policy_labels, set_threads, write_results
+from common import load_draft_model, load_models, make_engine, mtbench_chats, policy_labels, set_threads, write_results
 
 from dspark_core.bench.run import CellRecord, run_cell
 from dspark_core.plugins import default_hooks
@@ -30,14 +30,50 @@ from dspark_core.table import load_table
 POLICIES = {"none": ("none", {}), "fixed-k1": ("fixed", {"k": 1}), "adaptive": ("adaptive", {})}
 
 
-def steady_intervals(stamps: list[tuple[float, int, int, bool]], bucket: int) -> dict[str, list[float]]:
-    """Milliseconds between consecutive processed steps with ``bucket`` requests live on both sides,
-    keyed by the later step's kind (``off``, or ``G<rows>``). ``stamps``: (time, live, rows, draft_off)."""
+def steady_intervals(stamps: list[tuple[float, int, int, bool, int]], bucket: int) -> dict[str, list[float]]:
+    """Milliseconds between consecutive processed steps with ``bucket`` requests live on both sides and no
+    prefill run between them, keyed by the later step's kind (``off``, or ``G<rows>``).
+    ``stamps``: (time, live, rows, draft_off, prefills run so far)."""
     out: dict[str, list[float]] = {}
     for before, after in zip(stamps, stamps[1:]):
-        if before[1] == bucket and after[1] == bucket:
+        if before[1] == bucket and after[1] == bucket and before[4] == after[4]:
             out.setdefault("off" if after[3] else f"G{after[2]}", []).append(1e3 * (after[0] - before[0]))
     return out
+
+
+def count_prefills(engine) -> list[int]:
+    """Count the engine's prefills as they finish (``[n]``, updated in place): a finished request's slot
+    is refilled while the batch still reports the bucket full, so live counts alone miss them."""
+    done = [0]
+    plain = engine.prefill_on_device
+
+    def counted(*args):
+        result = plain(*args)
+        done[0] += 1
+        return result
+
+    engine.prefill_on_device = counted
+    return done
+
+
+def paired_ratios(rows: list[dict]) -> None:
+    """Add to every drafted kind of step in ``rows`` (results of :func:`main`) its median over the draft-off
+    median of the same row (``over_own_off``, where the row has draft-off steps) and of the same round's
+    target-only row (``over_target_only``, where the round ran target-only), and the table's ratio of
+    its price to the draft-off price (``table_over_off``)."""
+    target_only = {(row["round"], row.get("overlap")): row["steps"].get("off") for row in rows if row["policy"] == "none"}
+    for row in rows:
+        own_off = row["steps"].get("off")
+        for kind, step in row["steps"].items():
+            if kind == "off":
+                continue
+            same_round = target_only.get((row["round"], row.get("overlap")))
+            for key, off in (("over_own_off", own_off), ("over_target_only", same_round)):
+                if off is not None:
+                    step[key] = round(step["median_ms"] / off["median_ms"], 3)
+            priced_off = own_off or same_round  # the draft-off price is the bucket's, either way
+            if priced_off is not None and step["table_ms"] and priced_off["table_ms"]:
+                step["table_over_off"] = round(step["table_ms"] / priced_off["table_ms"], 3)
 
 
 def main() -> None:
@@ -51,6 +87,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="Intra-op threads (0: PyTorch's default).")
     parser.add_argument("--max_model_len", type=int, default=1024)
+    parser.add_argument("--overlap", default="on", choices=("on", "off", "both"),
+                        help="Schedule overlap (as serving runs); `both`: an engine of each, taking turns by cell.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     names = policy_labels(parser, args.policies, POLICIES)
@@ -59,18 +97,24 @@ def main() -> None:
     prompts = (read_prompts_jsonl(args.prompts) if args.prompts else mtbench_chats(args.limit))[:args.limit]
     target, draft = load_models()
     table = load_table(args.table)
-    engine = make_engine(target, draft, table=table, max_model_len=args.max_model_len)
-    engine.warmup()
+    modes = ["on", "off"] if args.overlap == "both" else [args.overlap]
+    engines = {}
+    for index, mode in enumerate(modes):  # a draft holds the context of the engine built with it: one each
+        engines[mode] = make_engine(target, draft if index == 0 else load_draft_model(), table=table,
+                                    max_model_len=args.max_model_len, overlap=mode == "on")
+        engines[mode].warmup()
+    prefills = {mode: count_prefills(engine) for mode, engine in engines.items()}
     hooks = default_hooks()
     fit = table.fit_for(args.max_tokens)
     results = []
     for round_index in range(args.rounds):
-        for name in names:
+        for mode, name in [(mode, name) for mode in modes for name in names]:
+            engine = engines[mode]
             policy_name, options = POLICIES[name]
-            stamps: list[tuple[float, int, int, bool]] = []
+            stamps: list[tuple[float, int, int, bool, int]] = []
 
-            def observe(report, stamps=stamps) -> None:
-                stamps.append((time.perf_counter(), report.live_requests, report.target_rows, report.draft_off))
+            def observe(report, stamps=stamps, done=prefills[mode]) -> None:
+                stamps.append((time.perf_counter(), report.live_requests, report.target_rows, report.draft_off, done[0]))
 
             engine.add_observer(observe)
             cell = CellRecord(name, args.concurrency)
@@ -88,14 +132,16 @@ def main() -> None:
                 steps[kind] = {"steps": len(values), "median_ms": round(median, 2),
                                "table_ms": None if price is None else round(1e3 * price, 2),
                                "over_table": None if not price else round(median / (1e3 * price), 3)}
-            row = {"policy": name, "round": round_index, "tokens_per_s": round(tokens / cell.wall_seconds, 2),
-                   "steps": steps}
+            row = {"policy": name, "round": round_index, "overlap": mode,
+                   "tokens_per_s": round(tokens / cell.wall_seconds, 2), "steps": steps}
             results.append(row)
             print(row, flush=True)
-    engine.close()
+    for engine in engines.values():
+        engine.close()
+    paired_ratios(results)
     write_results(args.output, "step_intervals.py", {"table": args.table, "concurrency": args.concurrency,
                   "count": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
-                  "threads": args.threads}, results)
+                  "threads": args.threads, "overlap": args.overlap}, results)
 
 
 if __name__ == "__main__":
