@@ -5,10 +5,22 @@ and stamps the host clock whenever a decode step's results are processed.
 While the device thread is busy the whole time (the host thread of this
 pipeline sat idle 99 % of the wall time at sixteen requests on a 2-core CPU),
 the interval between two processed steps is the later step's cost. Only
-*steady* intervals count: the bucket full on both sides, so no request was
-admitted and no prefill ran between. Medians are reported per kind of step
-(draft-off, or the target rows verified) beside the table's price, so an
-uneven split that the table prices as an even one shows up as a gap.
+*steady* intervals count: the bucket full on both sides and no prefill
+finished between them (a finished request's slot is refilled while the batch
+still reports the bucket full, so prefills are counted, :func:`count_prefills`).
+Medians are reported per kind of step (draft-off, or the target rows verified)
+beside the table's price, so an uneven split that the table prices as an even
+one shows up as a gap.
+
+Policies run one after another, and whole runs drift (by up to 13 % between
+rounds on the development CPU), so each drafted kind of step is also set
+against steps of its own run or round (:func:`paired_ratios`): ``over_own_off``
+(the same run's draft-off steps; adaptive has both), ``over_target_only`` (the
+same round's target-only steps) and ``table_over_off`` (the table's ratio of
+the two prices). ``--overlap both`` runs an engine with schedule overlap and one
+without, cell by cell (without it an interval also holds the host's work).
+Small differences between policies are better judged in lock-step
+(``benchmarks/lockstep.py``).
 
     python benchmarks/step_intervals.py --table cost-table.json --concurrency 16 --limit 48 --rounds 2 \\
         --output step-intervals.json
@@ -64,10 +76,10 @@ def paired_ratios(rows: list[dict]) -> None:
     target_only = {(row["round"], row.get("overlap")): row["steps"].get("off") for row in rows if row["policy"] == "none"}
     for row in rows:
         own_off = row["steps"].get("off")
+        same_round = target_only.get((row["round"], row.get("overlap")))
         for kind, step in row["steps"].items():
             if kind == "off":
                 continue
-            same_round = target_only.get((row["round"], row.get("overlap")))
             for key, off in (("over_own_off", own_off), ("over_target_only", same_round)):
                 if off is not None:
                     step[key] = round(step["median_ms"] / off["median_ms"], 3)
