@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from dspark_core.models.gguf_file import read_gguf_file
 from dspark_core.models.random_models import tiny_target_config
 
 CHATML = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -59,3 +62,14 @@ def write_tiny_pair(root: Path, *, seed: int = 0, block_size: int = 7, max_posit
     draft = random_draft(cfg, seed=seed, block_size=block_size)
     save_draft(draft, root / "draft")
     return target_dir, root / "draft"
+
+
+def assert_same_as_gguf_reader(path: Path) -> None:
+    """The project's GGUF reader gives every field and tensor that the gguf package's reader gives."""
+    ours, theirs = read_gguf_file(path), gguf.GGUFReader(str(path))
+    expected = {key: field.contents() for key, field in theirs.fields.items() if not key.startswith("GGUF.")}
+    assert ours.fields == expected
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors):
+        assert mine.shape == tuple(reversed(reference.shape.tolist())) and mine.tensor_type == int(reference.tensor_type)
+        assert mine.data.dtype == reference.data.dtype and np.array_equal(mine.data, reference.data)

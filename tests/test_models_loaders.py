@@ -12,6 +12,7 @@ import torch
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import make_forward_batch
+from dspark_core.models.gguf_file import read_gguf_file
 from dspark_core.models.gguf_loader import gguf_architecture, read_gguf
 from dspark_core.models.hf_loader import read_hf_dir
 from dspark_core.models.llama import LlamaTarget
@@ -19,7 +20,7 @@ from dspark_core.models.loading import checkpoint_architecture, load_target
 from dspark_core.models.random_models import random_target_tensors, tiny_target_config
 from dspark_core.models.tokenizer import render_chatml
 
-from checkpoint_support import CFG, CHATML, MERGES, VOCAB, byte_chars, write_hf  # noqa: F401
+from checkpoint_support import CFG, CHATML, MERGES, VOCAB, assert_same_as_gguf_reader, byte_chars, write_hf  # noqa: F401
 
 
 
@@ -120,6 +121,48 @@ def test_jinja_template_compiled_once_and_refusals_named():
     assert after.misses - before.misses == 1 and after.hits - before.hits == 2  # compiled on first use only
     with pytest.raises(ModelError, match="chat template refused the conversation: no system turns"):
         render_jinja(template, [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}], True, {})
+
+
+def test_gguf_file_reads_what_the_gguf_package_reads(tmp_path, tensors):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tensors)
+    w = gguf.GGUFWriter(str(tmp_path / "kinds.gguf"), "llama")  # every kind of value and a float16 tensor
+    w.add_uint8("k.u8", 7)
+    w.add_int16("k.i16", -3)
+    w.add_uint64("k.u64", 2**40)
+    w.add_float64("k.f64", 0.125)
+    w.add_bool("k.bool", True)
+    w.add_array("k.ints", [1, 2, 3])
+    w.add_array("k.floats", [0.5, -1.5])
+    w.add_array("k.strings", ["a", "é", ""])
+    w.add_tensor("half", np.arange(64, dtype=np.float16).reshape(2, 32))
+    w.add_tensor("q8", gguf.quants.quantize(np.ones((2, 64), np.float32), gguf.GGMLQuantizationType.Q8_0),
+                 raw_shape=(2, 68), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for file in (path, tmp_path / "kinds.gguf"):
+        assert_same_as_gguf_reader(file)
+    kinds = read_gguf_file(tmp_path / "kinds.gguf")
+    assert kinds.fields["k.strings"] == ["a", "é", ""] and kinds.fields["k.u64"] == 2**40
+    assert [t.shape for t in kinds.tensors] == [(2, 32), (2, 64)]
+
+
+def test_damaged_gguf_files_are_named(tmp_path, tensors):
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, tensors)
+    whole = path.read_bytes()
+    for cut, message in ((len(whole) // 3, "not a readable GGUF file"), (0, "not a readable GGUF file"),
+                         (2, r"not a GGUF file \(bad magic\)")):
+        damaged = tmp_path / f"cut-{cut}.gguf"
+        damaged.write_bytes(whole[:cut])
+        with pytest.raises(ModelError, match=f"{damaged}: {message}"):
+            read_gguf_file(damaged)
+    header_only = tmp_path / "header.gguf"  # the metadata whole, the tensor data cut off
+    header_only.write_bytes(whole[: len(whole) - 100])
+    with pytest.raises(ModelError, match="not a readable GGUF file"):
+        read_gguf_file(header_only)
 
 
 def test_gguf_errors(tmp_path, tensors):

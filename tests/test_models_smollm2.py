@@ -21,6 +21,8 @@ from dspark_core.models.loading import load_target
 from dspark_core.models.reference import full_forward, greedy_generate
 from dspark_core.models.tokenizer import render_chatml
 
+from checkpoint_support import assert_same_as_gguf_reader
+
 pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France?"
 
@@ -36,6 +38,11 @@ def test_fetch_is_idempotent_and_verified():
     again = fetch_mod.fetch("smollm2")
     assert again == first and again.stat().st_mtime_ns == stat.st_mtime_ns
     assert stat.st_size == fetch_mod.ALIASES["smollm2"].size
+
+
+def test_the_gguf_file_reads_as_the_gguf_package_reads_it():
+    """SmolLM2's 49 152-token vocabulary, merges, template and Q4_1/Q8_0/F32 tensors, field by field."""
+    assert_same_as_gguf_reader(fetch_mod.fetch("smollm2"))
 
 
 def test_fetch_reports_offline_and_corruption(tmp_path, monkeypatch):

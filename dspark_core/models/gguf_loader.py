@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 
 from dspark_core.errors import ModelError
 from dspark_core.models.base import TargetConfig
+from dspark_core.models.gguf_file import GGUFFile, GGUFTensor, read_gguf_file
 from dspark_core.models.tokenizer import Tokenizer, bpe_tokenizer_from_vocab
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
@@ -35,72 +35,18 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-def open_gguf(path: str | Path):
-    """A ``gguf.GGUFReader`` for ``path`` or a :class:`ModelError` naming the file."""
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"{path}: GGUF file not found")
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on a damaged file
-        raise ModelError(f"{path}: not a readable GGUF file ({exc})") from None
-
-
-def _field(reader, path: Path, key: str, default: Any = ModelError) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
+def _field(reader: GGUFFile, path: Path, key: str, default: Any = ModelError) -> Any:
+    if key not in reader.fields:
         if default is ModelError:
             raise ModelError(f"{path}: GGUF metadata field {key!r} is missing")
         return default
-    return f.contents()
-
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    return reader.fields[key]
 
 
 def gguf_architecture(path: str | Path) -> str:
-    """The ``general.architecture`` string of a GGUF file, read from the header only.
-
-    GGUFReader parses every metadata field (the whole vocabulary) up front,
-    which takes seconds; picking a model family only needs this one string.
-    """
+    """The ``general.architecture`` string of a GGUF file (lower case)."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ModelError(f"{path}: not a GGUF file (bad magic)")
-            _version, _tensors, kv_count = struct.unpack("<IQQ", f.read(20))
-
-            def read_str() -> str:
-                (n,) = struct.unpack("<Q", f.read(8))
-                return f.read(n).decode("utf-8", errors="replace")
-
-            def skip(kind: int) -> None:
-                if kind == 8:
-                    read_str()
-                elif kind == 9:
-                    item, count = struct.unpack("<IQ", f.read(12))
-                    if item in _SCALAR_SIZES:
-                        f.seek(_SCALAR_SIZES[item] * count, 1)
-                    else:
-                        for _ in range(count):
-                            skip(item)
-                elif kind in _SCALAR_SIZES:
-                    f.seek(_SCALAR_SIZES[kind], 1)
-                else:
-                    raise ModelError(f"{path}: unknown GGUF metadata type {kind}")
-
-            for _ in range(kv_count):
-                key = read_str()
-                (kind,) = struct.unpack("<I", f.read(4))
-                if key == "general.architecture" and kind == 8:
-                    return read_str().lower()
-                skip(kind)
-    except (OSError, struct.error) as exc:
-        raise ModelError(f"{path}: cannot read GGUF header ({exc})") from None
-    raise ModelError(f"{path}: GGUF metadata field 'general.architecture' is missing")
+    return str(_field(read_gguf_file(path), path, "general.architecture")).lower()
 
 
 def unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -113,7 +59,7 @@ def unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _config(reader, path: Path, arch: str, tensor_shapes: dict[str, tuple[int, ...]]) -> TargetConfig:
+def _config(reader: GGUFFile, path: Path, arch: str, tensor_shapes: dict[str, tuple[int, ...]]) -> TargetConfig:
     a = arch
     d = int(_field(reader, path, f"{a}.embedding_length"))
     heads = int(_field(reader, path, f"{a}.attention.head_count"))
@@ -145,17 +91,17 @@ def _config(reader, path: Path, arch: str, tensor_shapes: dict[str, tuple[int, .
     )
 
 
-def _tensor(t) -> torch.Tensor:
+def _tensor(t: GGUFTensor) -> torch.Tensor:
     import gguf
 
-    data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    data = np.asarray(gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type)), dtype=np.float32)
     # Unquantized tensors come back as read-only views of the memory map: copy those.
     if not data.flags.writeable or not data.flags.c_contiguous:
         data = np.array(data, dtype=np.float32, order="C")
     return torch.from_numpy(data)
 
 
-def _tokenizer(reader, path: Path, cfg: TargetConfig) -> Tokenizer:
+def _tokenizer(reader: GGUFFile, path: Path, cfg: TargetConfig) -> Tokenizer:
     model = _field(reader, path, "tokenizer.ggml.model")
     if model != "gpt2":
         raise ModelError(f"{path}: tokenizer.ggml.model {model!r} is not supported (only byte-level BPE 'gpt2')")
@@ -177,12 +123,11 @@ def _tokenizer(reader, path: Path, cfg: TargetConfig) -> Tokenizer:
 def read_gguf(path: str | Path) -> tuple[TargetConfig, dict[str, torch.Tensor], Tokenizer]:
     """Config, float32 weights with Hugging Face names, and tokenizer of a GGUF file."""
     path = Path(path)
-    reader = open_gguf(path)
+    reader = read_gguf_file(path)
     arch = str(_field(reader, path, "general.architecture")).lower()
     if arch not in SUPPORTED:
         raise ModelError(f"{path}: GGUF architecture {arch!r} is not a Llama-family model ({', '.join(SUPPORTED)})")
-    # GGUF lists dimensions fastest-first; reverse to torch order.
-    shapes = {t.name: tuple(int(x) for x in reversed(t.shape.tolist())) for t in reader.tensors}
+    shapes = {t.name: t.shape for t in reader.tensors}
     cfg = _config(reader, path, arch, shapes)
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
