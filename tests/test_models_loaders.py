@@ -159,6 +159,13 @@ def test_damaged_gguf_files_are_named(tmp_path, tensors):
         damaged.write_bytes(whole[:cut])
         with pytest.raises(ModelError, match=f"{damaged}: {message}"):
             read_gguf_file(damaged)
+    zero = gguf.GGUFWriter(str(tmp_path / "zero.gguf"), "llama")
+    zero.add_uint32("general.alignment", 0)
+    zero.write_header_to_file()
+    zero.write_kv_data_to_file()
+    zero.close()
+    with pytest.raises(ModelError, match="general.alignment is 0, not a positive integer"):
+        read_gguf_file(tmp_path / "zero.gguf")
     header_only = tmp_path / "header.gguf"  # the metadata whole, the tensor data cut off
     header_only.write_bytes(whole[: len(whole) - 100])
     with pytest.raises(ModelError, match="not a readable GGUF file"):

@@ -110,7 +110,9 @@ def read_gguf_file(path: str | Path) -> GGUFFile:
             shape = cursor.unpack(f"{dims}Q")
             tensor_type, offset = cursor.unpack("IQ")
             infos.append((name, tuple(reversed(shape)), tensor_type, offset))
-        alignment = int(fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0:
+            raise ValueError(f"general.alignment is {alignment!r}, not a positive integer")
         data_start = -(-cursor.offset // alignment) * alignment
         tensors = [GGUFTensor(name, shape, kind, _tensor_data(buffer, data_start + offset, shape, kind))
                    for name, shape, kind, offset in infos]
