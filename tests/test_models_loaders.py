@@ -166,6 +166,18 @@ def test_damaged_gguf_files_are_named(tmp_path, tensors):
     zero.close()
     with pytest.raises(ModelError, match="general.alignment is 0, not a positive integer"):
         read_gguf_file(tmp_path / "zero.gguf")
+    twice = gguf.GGUFWriter(str(tmp_path / "twice.gguf"), "llama")
+    twice.add_tensor("wa", np.zeros(4, np.float32))
+    twice.add_tensor("wb", np.ones(4, np.float32))
+    twice.write_header_to_file()
+    twice.write_kv_data_to_file()
+    twice.write_tensors_to_file()
+    twice.close()
+    raw = (tmp_path / "twice.gguf").read_bytes()
+    assert raw.count(b"wb") == 1  # the writer refuses a repeated name: rename the second one in place
+    (tmp_path / "twice.gguf").write_bytes(raw.replace(b"wb", b"wa"))
+    with pytest.raises(ModelError, match="tensor 'wa' appears twice"):
+        read_gguf_file(tmp_path / "twice.gguf")
     header_only = tmp_path / "header.gguf"  # the metadata whole, the tensor data cut off
     header_only.write_bytes(whole[: len(whole) - 100])
     with pytest.raises(ModelError, match="not a readable GGUF file"):

@@ -120,9 +120,11 @@ def read_gguf_file(path: str | Path) -> GGUFFile:
         raise
     except (OSError, ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
         raise ModelError(f"{path}: not a readable GGUF file ({exc})") from None
-    names = [t.name for t in tensors]
-    if len(set(names)) != len(names):
-        raise ModelError(f"{path}: tensor names repeat")
+    seen: set[str] = set()
+    for tensor in tensors:
+        if tensor.name in seen:
+            raise ModelError(f"{path}: tensor {tensor.name!r} appears twice")
+        seen.add(tensor.name)
     return GGUFFile(fields, tensors)
 
 
