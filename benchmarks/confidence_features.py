@@ -41,36 +41,30 @@ INPUTS = {"head": ("logit",), "head+draft": ("logit", *STATISTICS), "draft only"
 
 def record(target, draft, prompts: list[list[int]], max_tokens: int, batch: int) -> dict[str, np.ndarray]:
     """Greedy answers, then per anchor ``[N, K]`` arrays: ``logit``, ``logpmax``, ``margin``, ``entropy``,
-    ``hit``; and ``answer`` ``[N]``, the answer each anchor belongs to."""
-    from dspark_core.train.blocks import train_blocks
-    from dspark_core.train.evaluate import answer_span
+    ``hit``; and ``answer`` ``[N]``, the answer each anchor belongs to (the anchors of ``eval-draft``'s
+    offline scoring, :func:`~dspark_core.train.evaluate.teacher_forced_blocks`)."""
+    from dspark_core.train.evaluate import teacher_forced_blocks
     from dspark_core.train.features import generate_with_features
 
     _, feats = generate_with_features(target, prompts, draft.config.aux_layer_ids, max_tokens=max_tokens, k=1,
                                       batch=batch)
-    width = draft.config.num_speculative_tokens
-    to_target = draft.draft_to_target()
     columns: dict[str, list[np.ndarray]] = {name: [] for name in ("logit", *STATISTICS, "hit", "answer")}
     with torch.no_grad():
-        for n in range(feats.num_sequences):
-            offset, first, total = answer_span(feats, n)
-            anchors = torch.arange(first, total - width)  # every anchor with K target tokens after it
-            if len(anchors) == 0:
-                continue
-            hidden = feats.hidden[offset : offset + total].float()[None]
-            for chunk in anchors.split(64):
-                positions = chunk[:, None] + torch.arange(width)[None, :]
-                out = train_blocks(draft, hidden[:, : int(chunk.max())], chunk[None], feats.tokens[offset + positions][None])
-                log_probs = torch.log_softmax(out.logits[0].float(), -1)
-                top2 = log_probs.topk(2, -1).values
-                columns["logit"].append(out.confidence_logits[0].float().numpy())
-                columns["logpmax"].append(top2[..., 0].numpy())
-                columns["margin"].append((top2[..., 0] - top2[..., 1]).numpy())
-                columns["entropy"].append(-(log_probs.exp() * log_probs).sum(-1).numpy())
-                teacher = feats.topk_ids[offset + positions, 0]
-                columns["hit"].append((to_target[out.logits[0].argmax(-1)] == teacher).numpy())
-                columns["answer"].append(np.full(len(chunk), n))
+        for n, out, hits in teacher_forced_blocks(draft, feats):
+            log_probs = torch.log_softmax(out.logits[0].float(), -1)
+            top2 = log_probs.topk(2, -1).values
+            columns["logit"].append(out.confidence_logits[0].float().numpy())
+            columns["logpmax"].append(top2[..., 0].numpy())
+            columns["margin"].append((top2[..., 0] - top2[..., 1]).numpy())
+            columns["entropy"].append(-(log_probs.exp() * log_probs).sum(-1).numpy())
+            columns["hit"].append(hits.numpy())
+            columns["answer"].append(np.full(len(hits), n))
     return {name: np.concatenate(parts) for name, parts in columns.items()}
+
+
+def alive(hits: np.ndarray) -> np.ndarray:
+    """``[N, K]``: anchors whose positions before each one were all accepted (where it is verified)."""
+    return np.c_[np.ones(len(hits), dtype=bool), np.cumprod(hits, 1)[:, :-1].astype(bool)]
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -98,13 +92,13 @@ def cross_fitted(data: dict[str, np.ndarray], inputs: tuple[str, ...], folds: li
     from ``inputs``: each fold is predicted by models fitted on the other folds' answers, at every
     position on the anchors whose earlier positions were all accepted."""
     hits = data["hit"]
-    alive = np.c_[np.ones(len(hits), dtype=bool), np.cumprod(hits, 1)[:, :-1].astype(bool)]
+    verified = alive(hits)
     out = np.zeros(hits.shape)
     for held in folds:
         test = np.isin(data["answer"], held)
         for j in range(hits.shape[1]):
             x = np.stack([data[name][:, j] for name in inputs], 1)
-            train = ~test & alive[:, j]
+            train = ~test & verified[:, j]
             mean, spread = x[train].mean(0), x[train].std(0) + 1e-9
             w = fit_logistic((x[train] - mean) / spread, hits[train, j].astype(float))
             out[test, j] = 1.0 / (1.0 + np.exp(-(np.c_[(x[test] - mean) / spread, np.ones(test.sum())] @ w)))
@@ -155,11 +149,12 @@ def main() -> None:
     np.random.default_rng(0).shuffle(answers)
     folds = np.array_split(answers, 2)
     predicted = {name: cross_fitted(data, inputs, folds) for name, inputs in INPUTS.items()}
-    alive = np.c_[np.ones(len(hits), dtype=bool), np.cumprod(hits, 1)[:, :-1].astype(bool)]
+    verified = alive(hits)
     positions = []
     for j in range(hits.shape[1]):
-        row = {"position": j + 1, "anchors": int(alive[:, j].sum()), "accepted": float(hits[alive[:, j], j].mean())}
-        row.update({f"auc_{name}": round(auc(p[alive[:, j], j], hits[alive[:, j], j]), 4) for name, p in predicted.items()})
+        here = verified[:, j]
+        row = {"position": j + 1, "anchors": int(here.sum()), "accepted": float(hits[here, j].mean())}
+        row.update({f"auc_{name}": round(auc(p[here, j], hits[here, j]), 4) for name, p in predicted.items()})
         positions.append(row)
     temperatures = draft.temperatures.numpy().astype(np.float64)
     candidates = {"shipped": 1.0 / (1.0 + np.exp(-data["logit"] / temperatures)), "head": predicted["head"],

@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
 from dspark_core.geometry import kv_reserve
-from dspark_core.train.blocks import train_blocks
+from dspark_core.train.blocks import BlockOutput, train_blocks
 from dspark_core.train.features import FeatureSet, compute_features
 from dspark_core.train.losses import answer_span
 
@@ -75,12 +77,16 @@ def block_confidences(draft, target, pairs: list[tuple[list[int], list[int]]], *
 
 
 @torch.no_grad()
-def confidences_from_features(draft, feats: FeatureSet, *, anchors_per_call: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`block_confidences` on already computed features (the draft must be bound)."""
+def teacher_forced_blocks(draft, feats: FeatureSet, *, anchors_per_call: int = 64
+                          ) -> Iterator[tuple[int, BlockOutput, torch.Tensor]]:
+    """Every anchor of every answer in ``feats`` re-drafted, teacher forced (the draft must be bound):
+    yields ``(sequence, out, hits)`` per call of up to ``anchors_per_call`` anchors, ``out`` the
+    :class:`~dspark_core.train.blocks.BlockOutput` of batch 1 and ``hits`` ``[A, K]`` (the draft's
+    greedy token equals the target's). Anchors come in answer order; an answer without a whole block
+    after its first position yields nothing."""
     k_out = draft.config.num_speculative_tokens
     to_target = draft.draft_to_target()
     dev = draft.fc.weight.device
-    logits_out, hits_out = [], []
     for n in range(feats.num_sequences):
         off, first, total = answer_span(feats, n)
         anchors = list(range(first, total - 1 - k_out + 1))  # p + K <= total - 1
@@ -93,9 +99,16 @@ def confidences_from_features(draft, feats: FeatureSet, *, anchors_per_call: int
             prev = feats.tokens[off + pos].to(dev)
             teacher = feats.topk_ids[off + pos, 0].to(dev)
             out = train_blocks(draft, hidden[:, : int(a.max())], a[None].to(dev), prev[None])
-            pred = to_target[out.logits[0].argmax(-1)]
-            logits_out.append(out.confidence_logits[0].float().cpu().numpy())
-            hits_out.append((pred == teacher).cpu().numpy())
+            yield n, out, to_target[out.logits[0].argmax(-1)] == teacher
+
+
+def confidences_from_features(draft, feats: FeatureSet, *, anchors_per_call: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`block_confidences` on already computed features (the draft must be bound)."""
+    logits_out, hits_out = [], []
+    for _, out, hits in teacher_forced_blocks(draft, feats, anchors_per_call=anchors_per_call):
+        logits_out.append(out.confidence_logits[0].float().cpu().numpy())
+        hits_out.append(hits.cpu().numpy())
     if not logits_out:
+        k_out = draft.config.num_speculative_tokens
         return np.zeros((0, k_out)), np.zeros((0, k_out), dtype=bool)
     return np.concatenate(logits_out), np.concatenate(hits_out)
