@@ -52,13 +52,17 @@ def mtbench_chats(count: int) -> list:
 
 def make_engine(target, draft, *, width: int = 7, policy: str = "adaptive", overlap: bool = True,
                 buckets=(1, 2, 4, 8, 16), table=None, policy_options=None, max_model_len: int = 1024,
-                tiers: str = "bucket_multiples") -> Engine:
+                tiers: str = "bucket_multiples", draft_depths: str = "full") -> Engine:
     """An engine on the real target; ``tiers`` names the captured target-row tiers (a Geometry constructor:
-    ``bucket_multiples`` as ``make serve`` captures, or ``all_tiers``)."""
+    ``bucket_multiples`` as ``make serve`` captures, or ``all_tiers``), ``draft_depths`` the tokens the draft
+    proposes per bucket (``full`` or ``bucket:depth`` pairs, as ``--draft_depths``)."""
+    from dspark_core.resolve import parse_draft_depths
+
     geometry = getattr(Geometry, tiers)(width, buckets)
     engine = Engine(target, draft, EngineConfig(draft_width=width, policy=policy, policy_options=policy_options or {},
                                                 request_buckets=buckets, max_model_len=max_model_len,
-                                                schedule_overlap=overlap),
+                                                schedule_overlap=overlap,
+                                                draft_depths=tuple(parse_draft_depths(draft_depths, buckets, width).items())),
                     geometry=geometry)
     if table is not None:
         engine.install_table(table)
@@ -79,11 +83,12 @@ def policy_specs(widths, table_given: bool = False, variants: dict | None = None
 
 def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_path: str | None,
                          draft_dtype: torch.dtype, on_draft=None, label_tables: dict[str, str] | None = None,
-                         **engine_kwargs) -> dict[str, Engine]:
+                         label_depths: dict[str, str] | None = None, **engine_kwargs) -> dict[str, Engine]:
     """One engine per policy of ``specs``, without schedule overlap (a step ends inside its own call), priced
     by the table at ``table_path`` (or, for a label of ``label_tables``, by the table at its path); every
     drafting engine gets a draft of its own, since a draft instance holds the context cache of the engine
-    last bound to it. ``on_draft(draft)`` sees each new draft."""
+    last bound to it. ``on_draft(draft)`` sees each new draft. ``label_depths`` gives a label's engine its
+    own ``draft_depths`` (the rest get ``engine_kwargs``' or ``full``)."""
     from dspark_core.table import load_table
 
     table = load_table(table_path) if table_path else None
@@ -93,8 +98,11 @@ def side_by_side_engines(target, specs: dict[str, tuple[str, dict]], *, table_pa
         if draft is not None and on_draft is not None:
             on_draft(draft)
         own_table = load_table(label_tables[label]) if label_tables and label in label_tables else table
+        kwargs = dict(engine_kwargs)
+        if label_depths and label in label_depths:
+            kwargs["draft_depths"] = label_depths[label]
         engines[label] = make_engine(target, draft, policy=policy, policy_options=options, overlap=False,
-                                     table=own_table, **engine_kwargs)
+                                     table=own_table, **kwargs)
     return engines
 
 

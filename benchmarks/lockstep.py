@@ -72,6 +72,11 @@ def main() -> None:
                         help='JSON {"label": ["adaptive", {options}]}: more priced policies beside `adaptive`.')
     parser.add_argument("--other_tables", default="{}",
                         help='JSON {"label": "path"}: more `adaptive` engines, each priced by its own saved table.')
+    parser.add_argument("--draft_depths", default="full",
+                        help="Tokens the draft proposes per bucket in every engine: `full` or bucket:depth pairs (as the "
+                             "serve flag; its `auto` is the CPU's 4:4,8:4,16:2).")
+    parser.add_argument("--label_depths", default="{}",
+                        help='JSON {"label": "bucket:depth,..."}: a label\'s engine proposes that many tokens instead.')
     add_draft_dtype_argument(parser)
     parser.add_argument("--tiers", default="bucket_multiples", choices=("bucket_multiples", "all_tiers"),
                         help="Captured target-row tiers of every engine (`all_tiers`: every legal row count).")
@@ -102,6 +107,10 @@ def main() -> None:
         other_tables = json.loads(args.other_tables)
     except json.JSONDecodeError as exc:
         parser.error(f"--other_tables is not JSON: {exc}")
+    try:
+        label_depths = json.loads(args.label_depths)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--label_depths is not JSON: {exc}")
     if other_tables and args.table is None:
         parser.error("--other_tables needs --table (the tables are compared with `adaptive`'s)")
     set_threads(args.threads)
@@ -113,14 +122,14 @@ def main() -> None:
 
     target, _ = load_models(None, target_dtype=getattr(torch, args.dtype))
     engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, args.draft_dtype),
-                                   label_tables=other_tables, width=args.width, max_model_len=args.max_model_len,
-                                   tiers=args.tiers)
+                                   label_tables=other_tables, label_depths=label_depths, width=args.width,
+                                   max_model_len=args.max_model_len, tiers=args.tiers, draft_depths=args.draft_depths)
     own_reference = {label: "none" for label in engines}  # the target-only run of the label's own dtype
     if args.also_dtype is not None:
         also_target, _ = load_models(None, target_dtype=getattr(torch, args.also_dtype))
         also = side_by_side_engines(also_target, specs, table_path=args.also_table,
                                     draft_dtype=getattr(torch, args.draft_dtype), width=args.width,
-                                    max_model_len=args.max_model_len, tiers=args.tiers)
+                                    max_model_len=args.max_model_len, tiers=args.tiers, draft_depths=args.draft_depths)
         for label, engine in also.items():
             engines[f"{label}@{args.also_dtype}"] = engine
             own_reference[f"{label}@{args.also_dtype}"] = f"none@{args.also_dtype}"
@@ -179,7 +188,7 @@ def main() -> None:
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
-        "threads": args.threads, "tiers": args.tiers, "max_model_len": args.max_model_len, "draft_dtype": args.draft_dtype,
+        "threads": args.threads, "tiers": args.tiers, "draft_depths": args.draft_depths, "label_depths": label_depths, "max_model_len": args.max_model_len, "draft_dtype": args.draft_dtype,
         "dtype": args.dtype, "also_dtype": args.also_dtype, "also_table": args.also_table}, results)
 
 

@@ -52,6 +52,7 @@ from dspark_core.engine.records import StepReport
 from dspark_core.geometry import Geometry
 from dspark_core.plugins import default_hooks
 from dspark_core.policy import TierContext, observe_step, plan_step
+from dspark_core.resolve import parse_draft_depths
 from dspark_core.table import load_table
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -149,9 +150,20 @@ def refitted_table(path: str, sigma: float, seed: int):
 
 
 def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, concurrency: int,
-           belief: TierCosts, truth: TierCosts) -> dict:
-    """Decode every trace ``concurrency`` at a time under ``policy``; time is charged from ``truth``."""
+           belief: TierCosts, truth: TierCosts, draft_depths: dict[int, int] | None = None) -> dict:
+    """Decode every trace ``concurrency`` at a time under ``policy``; time is charged from ``truth``.
+
+    ``draft_depths`` (request bucket -> tokens proposed there, as ``--draft_depths``): the confidences past
+    a step's depth are zeros, as the engine's are (a fixed k above the depth gets all K, as there). The
+    recorded hits are the whole block's; a cut block's first tokens differ a little but were accepted
+    as often on held-out prompts (docs/architecture.md, "Draft depth")."""
     geometry = belief.geometry
+
+    def depth_at(bucket: int) -> int:
+        depth = (draft_depths or {}).get(bucket, width)
+        needed = getattr(policy, "draft_depth_needed", None)
+        return width if needed is not None and needed(width) > depth else depth
+
     kernels = kernels_for(width)
     queue = list(range(len(traces)))
     live: list[list[int]] = []  # [trace index, position]
@@ -177,7 +189,10 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
                           belief.draft_off_for_step(bucket, CONTEXT))
         caps = np.full(len(live), width)
         step = int(steps)
-        plan = plan_step(policy, ctx, np.stack([known(t, step - max(lag, 1)) for t, _ in live]), caps)
+        depth = depth_at(bucket)
+        older = np.stack([known(t, step - max(lag, 1)) for t, _ in live])
+        older[:, depth:] = 0.0  # nothing past this step's depth will be proposed
+        plan = plan_step(policy, ctx, older, caps)
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
         if not plan.draft:
             accepted = np.zeros(len(live), dtype=np.int64)
@@ -188,7 +203,9 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
         else:
             confidences = np.stack([1.0 / (1.0 + np.exp(-traces[t].logits[p, :width] / temperatures[:width]))
                                     for t, p in live])
+            confidences[:, depth:] = 0.0
             tier_input = confidences if lag == 0 else np.stack([known(t, step - lag) for t, _ in live])
+            tier_input[:, depth:] = 0.0
             choice = policy.choose_tier(ctx, tier_input, caps)
             # the policy's own split with the engine's kernels, as on the device
             lengths = policy.split(kernels, torch.from_numpy(confidences).float(), torch.from_numpy(caps), choice,
@@ -235,12 +252,13 @@ def replay_command(args: argparse.Namespace) -> int:
     if "none" not in names:
         names.insert(0, "none")
     extra = parse_variants(args.extra, "--extra")
+    depths = parse_draft_depths(args.draft_depths, BUCKETS, width)
     results = []
     for draft, (traces, temperatures) in load_traces(args.traces).items():
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             rates = {}
             for name, policy in make_policies(names, extra, width).items():
-                rates[name] = replay(traces, temperatures, width, policy, concurrency, belief, truth)
+                rates[name] = replay(traces, temperatures, width, policy, concurrency, belief, truth, depths)
             base = rates["none"]["tokens_per_second"]
             fixed = {n: r["tokens_per_second"] for n, r in rates.items() if n.startswith("fixed-k")}
             best = max(fixed, key=fixed.get) if fixed else None
@@ -282,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--extra", default="{}", help='JSON: {"label": ["policy", {options}]}')
     rep.add_argument("--belief", default="table",
                      help="'table', 'refit:SIGMA:SEED' or another saved table (e.g. a second calibration) to decide on")
+    rep.add_argument("--draft_depths", default="full",
+                     help="Tokens the draft proposes per bucket: `full` or bucket:depth pairs (as the serve flag); "
+                          "price them with a table calibrated at those depths")
     rep.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     return record(args) if args.command == "record" else replay_command(args)

@@ -25,6 +25,9 @@ class DeviceSpec:
     distributed_backend: str
     description: str = ""
     default_draft_dtype: str | None = None  # None: the draft computes in the target's dtype
+    # --draft_depths=auto: (smallest request bucket, tokens the draft proposes from it on) pairs,
+    # ascending; buckets below the first pair, and every bucket without pairs, propose all K
+    default_draft_depths: tuple[tuple[int, int], ...] = ()
 
     def prepare_launch(self, config: Any) -> None:
         """Apply device-specific serve flags once the launch picked this device (before anything loads).

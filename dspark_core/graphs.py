@@ -90,11 +90,14 @@ class BindingKey:
     # that read the KV cache are prepared for a few spans and a step takes the shortest that holds
     # every position it may touch
     kv_span: int = 0
+    # tokens a proposal key drafts where fewer than K (--draft_depths); 0: all K
+    draft_depth: int = 0
 
     def describe(self) -> str:
         rows = f" rows={self.target_rows}" if self.stage.startswith("verify") else ""
         span = f" kv={self.kv_span}" if self.kv_span else ""
-        return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows}{span} {self.dtype}@{self.device}"
+        depth = f" depth={self.draft_depth}" if self.draft_depth else ""
+        return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows}{span}{depth} {self.dtype}@{self.device}"
 
 
 @define

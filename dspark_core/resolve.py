@@ -59,6 +59,56 @@ def captured_geometry(config: ServeConfig, draft_width: int | None = None) -> Ge
     return capture(width, buckets)
 
 
+def draft_depths_for(config: ServeConfig, device: DeviceSpec | None, geometry: Geometry) -> dict[int, int]:
+    """``--draft_depths`` on this launch: request bucket -> tokens the draft proposes there, for the
+    captured buckets that propose fewer than K (the rest propose all K).
+
+    ``auto`` follows the device's ``default_draft_depths`` (the CPU's: fewer tokens at larger buckets,
+    where a proposal's rows cost as much compute as verify rows; none for an unknown device), ``full``
+    proposes K everywhere, and ``bucket:depth`` pairs name captured buckets and depths in 1..K.
+    """
+    value, width = config.draft_depths.strip(), geometry.draft_width
+    if width == 0 or (value == "auto" and device is None):
+        return {}
+    if value == "auto":
+        rule = sorted(getattr(device, "default_draft_depths", ()))
+        depths = {}
+        for bucket in geometry.request_buckets:
+            steps = [depth for smallest, depth in rule if bucket >= smallest]
+            if steps and steps[-1] < width:
+                depths[bucket] = steps[-1]
+        return depths
+    return parse_draft_depths(value, geometry.request_buckets, width)
+
+
+def parse_draft_depths(value: str, request_buckets: tuple[int, ...], width: int) -> dict[int, int]:
+    """``full`` or ``bucket:depth`` pairs (``8:4,16:2``) -> the buckets that propose fewer than ``width``
+    tokens; every bucket must be one of ``request_buckets`` and every depth lie in 1..width."""
+    value = value.strip()
+    if value == "full":
+        return {}
+    depths: dict[int, int] = {}
+    for item in value.split(","):
+        bucket_text, sep, depth_text = item.partition(":")
+        try:
+            bucket, depth = int(bucket_text), int(depth_text)
+        except ValueError:
+            bucket = depth = -1
+        if not sep or bucket < 0:
+            raise ConfigError(f"--draft_depths={value!r}: give auto, full or bucket:depth pairs such as 8:4,16:2 "
+                              f"(could not read {item.strip()!r})")
+        if bucket not in request_buckets:
+            raise ConfigError(f"--draft_depths={value!r}: request bucket {bucket} is not captured "
+                              f"(captured: {list(request_buckets)})")
+        if not 1 <= depth <= width:
+            raise ConfigError(f"--draft_depths={value!r}: depth {depth} for bucket {bucket} must lie in 1..{width} "
+                              "(--num_speculative_tokens)")
+        if bucket in depths:
+            raise ConfigError(f"--draft_depths={value!r}: bucket {bucket} is given twice")
+        depths[bucket] = depth
+    return {bucket: depth for bucket, depth in depths.items() if depth < width}
+
+
 def fingerprint_for(
     config: ServeConfig,
     device: DeviceSpec | None,
@@ -85,11 +135,11 @@ def fingerprint_for(
         dtype = resolve_dtype(config.dtype, device)
     if draft_dtype is None and device is not None and dtype is not None:
         draft_dtype = resolve_draft_dtype(config.draft_dtype, device, dtype)
+    geometry = geometry if geometry is not None else captured_geometry(config, config.num_speculative_tokens)
     return launch_fingerprint(
-        config, geometry if geometry is not None else captured_geometry(config, config.num_speculative_tokens),
-        device=device.name if device is not None else None, graph_backend=backend, dtype=dtype, draft_dtype=draft_dtype,
-        target_path=target_path, draft_path=draft_path,
-        cpu_threads=_intra_op_threads(device, config))
+        config, geometry, device=device.name if device is not None else None, graph_backend=backend, dtype=dtype,
+        draft_dtype=draft_dtype, target_path=target_path, draft_path=draft_path,
+        cpu_threads=_intra_op_threads(device, config), draft_depths=draft_depths_for(config, device, geometry))
 
 
 def _intra_op_threads(device: DeviceSpec | None, config: ServeConfig) -> int | None:

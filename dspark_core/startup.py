@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attrs import define
+from attrs import define, field
 
 from dspark_core.audit import get_logger
 from dspark_core.calibration.plan import CalibrationFile, CalibrationPlan, read_calibration_file, resolve_plan
@@ -26,7 +26,7 @@ from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry
 from dspark_core.plugins import Hooks, load_hooks
-from dspark_core.resolve import captured_geometry, fingerprint_for, graph_backend_for, pick_device
+from dspark_core.resolve import captured_geometry, draft_depths_for, fingerprint_for, graph_backend_for, pick_device
 from dspark_core.table import CostTable, check_compatible, check_output_path, load_table
 from dspark_core.validate import check_config
 
@@ -51,6 +51,8 @@ class Launch:
     plan: CalibrationPlan | None = None
     table_note: str | None = None
     model_family: Any = None  # the target's model-family plugin object, set by build_engine
+    # request bucket -> tokens the draft proposes there, where fewer than K (--draft_depths)
+    draft_depths: dict[int, int] = field(factory=dict)
 
 
 def pick_policy(config: ServeConfig) -> tuple[str, dict[str, Any]]:
@@ -76,6 +78,7 @@ def resolve_launch(config: ServeConfig) -> Launch:
     dtype = resolve_dtype(config.dtype, device)
     launch = Launch(config, hooks, device, dtype, resolve_draft_dtype(config.draft_dtype, device, dtype),
                     captured_geometry(config), policy, options)
+    launch.draft_depths = draft_depths_for(config, device, launch.geometry)
     prepare = getattr(device, "prepare_launch", None)  # device-specific flags (threads, environment report)
     if prepare is not None:
         prepare(config)
@@ -165,6 +168,7 @@ def build_engine(launch: Launch) -> Engine:
         request_buckets=launch.geometry.request_buckets, max_model_len=config.max_model_len,
         schedule_overlap=config.enable_schedule_overlap and config.enable_task_pipeline,
         copy_proposals=config.copy_proposals, captured_kv_spans=config.captured_kv_spans,
+        draft_depths=tuple(sorted(launch.draft_depths.items())),
     )
     geometry = launch.geometry if launch.geometry.draft_width else None
     engine = Engine(target, draft, engine_config, hooks=launch.hooks, geometry=geometry, graphs=graphs)

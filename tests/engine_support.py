@@ -102,10 +102,13 @@ class OracleDraft(DraftDouble):
         self.generator = torch.Generator().manual_seed(seed)
         self.corrupt = corrupt
         self.engine = None  # set by the test once the engine exists
+        self.depths: list[tuple[int, int]] = []  # (rows, tokens proposed) of every call
 
-    def propose(self, anchors, positions, slots):
-        tokens, confidences = self.inner.propose(anchors, positions, slots)
-        k = tokens.shape[1]
+    def propose(self, anchors, positions, slots, depth=None):
+        # with a draft depth only the first ``depth`` tokens are proposed (the rest: confidence 0)
+        tokens, confidences = self.inner.propose(anchors, positions, slots, **({} if depth is None else {"depth": depth}))
+        self.depths.append((tokens.shape[0], tokens.shape[1] if depth is None else depth))
+        k = tokens.shape[1] if depth is None else depth
         for r in range(tokens.shape[0]):
             seq = self._sequence_for(int(slots[r]))
             pos = int(positions[r])

@@ -164,13 +164,14 @@ def test_only_tensor_parallel_layouts_start(tmp_path):
         start_rank(parse_serve_args([f"--model={tmp_path}"]))
 
 
-def test_decode_announcement_carries_the_kv_span():
-    """A worker replays the key of rank 0's span: the DECODE payload holds it, and the replayed step gets it."""
+def test_decode_announcement_carries_the_kv_span_and_draft_depth():
+    """A worker replays the keys of rank 0's span and draft depth: the DECODE payload holds both, and the
+    replayed step gets them (a worker's policy cannot work out the depth: it only replays decisions)."""
     from types import SimpleNamespace
 
     from dspark_core.distributed.control import encode_decode, replay_decode
 
-    step = SimpleNamespace(draft=True, copy_only=False, kv_span=512, policy=SimpleNamespace(uses_draft=True),
+    step = SimpleNamespace(draft=True, copy_only=False, kv_span=512, draft_depth=3, policy=SimpleNamespace(uses_draft=True),
                            tier_context=SimpleNamespace(request_bucket=4))
     payload = encode_decode(step, [3, 1])
     replayed = []
@@ -180,3 +181,4 @@ def test_decode_announcement_carries_the_kv_span():
     assert replay_decode(engine, None, payload) == 2
     (got,) = replayed
     assert (got.kv_span, got.slots.tolist(), got.tier_context.request_bucket, got.draft) == (512, [3, 1], 4, True)
+    assert got.draft_depth == 3

@@ -129,7 +129,9 @@ def _audit(launch, engine, table: CostTable, source: str) -> None:
                              # KV spans the cache-reading keys were also captured for ([]: the whole cache only)
                              "kv_spans": list(engine.runner.kv_spans),
                              # []: the draft proposes alone; else the key lengths copy proposals try
-                             "copy_orders": list(engine.runner.copy_orders)}
+                             "copy_orders": list(engine.runner.copy_orders),
+                             # request bucket -> tokens the draft proposes there where fewer than K ({}: K everywhere)
+                             "draft_depths": {str(b): d for b, d in sorted(engine.runner.draft_depths.items())}}
     if source == "saved table":
         extra["table_path"] = launch.config.adaptive_dspark_cost_table
         extra["saved_settings"] = unstructure(table.settings) if table.settings is not None else None

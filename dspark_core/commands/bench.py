@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
     parser.add_argument("--captured_kv_spans", default="auto",
                         help="KV spans the decode keys are also captured for (as the serve flag): auto, off or a list.")
+    parser.add_argument("--draft_depths", default="auto",
+                        help="Tokens the draft proposes per request at each request bucket (as the serve flag): "
+                             "auto, full or bucket:depth pairs such as 8:4,16:2.")
     parser.add_argument("--device", default="auto",
                         help="Device plugin of the in-process engine, as for `serve` (`auto`: cuda, then npu, then cpu).")
     parser.add_argument("--python_graph_backend", default="auto",
@@ -87,7 +90,8 @@ def _engine(args: argparse.Namespace):
              f"--batch_invariant={getattr(args, 'batch_invariant', 'auto')}",
              f"--python_graph_backend={getattr(args, 'python_graph_backend', 'auto')}",
              f"--cpu_threads={getattr(args, 'cpu_threads', 0)}",
-             f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}"]
+             f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}",
+             f"--draft_depths={getattr(args, 'draft_depths', 'auto')}"]
     copies = getattr(args, "copy_proposals", "auto")
     flags.append(f"--copy_proposals={'on' if copies == 'both' else copies}")
     largest = getattr(args, "max_seqs_per_batch", 16)  # the captured request buckets end there too

@@ -59,6 +59,9 @@ class Execution:
     # host intra-op threads on a CPU, which change every step's cost (1.5x at 16 requests on 2 cores);
     # None on other devices, and in tables saved before the count was recorded, which load at any count
     cpu_threads: int | None = None
+    # (request bucket, tokens the draft proposes there) where fewer than K (--draft_depths), which
+    # changes what a drafted step costs; None where every bucket proposes K (and in older tables)
+    draft_depths: tuple[tuple[int, int], ...] | None = None
 
 
 @frozen
@@ -127,6 +130,7 @@ def launch_fingerprint(
     target_path: str | Path | None = None,
     draft_path: str | Path | None = None,
     cpu_threads: int | None = None,
+    draft_depths: dict[int, int] | None = None,
 ) -> Fingerprint:
     """Fingerprint of a launch described by a ``ServeConfig``.
 
@@ -153,6 +157,7 @@ def launch_fingerprint(
             draft_dtype=_draft_dtype(draft_dtype or getattr(config, "draft_dtype", None), dtype or config.dtype, draft),
             batch_invariant=_batch_invariant(getattr(config, "batch_invariant", "auto")),
             cpu_threads=cpu_threads,
+            draft_depths=tuple(sorted(draft_depths.items())) if draft_depths else None,
         ),
     )
 

@@ -91,7 +91,8 @@ def decode_prefill(payload: list[int]) -> tuple[list[list[int]], list[int]]:
 def encode_decode(step: DecodeStep, slots: Sequence[int]) -> list[int]:
     # the draft flag is the step's own: the policy may plan a draft-off step, or a copy step
     drafts = bool(step.draft and step.policy.uses_draft)
-    return [len(slots), step.tier_context.request_bucket, int(drafts), int(step.copy_only), step.kv_span, *slots]
+    return [len(slots), step.tier_context.request_bucket, int(drafts), int(step.copy_only), step.kv_span,
+            step.draft_depth, *slots]
 
 
 # -- the budget decision, broadcast inside the step ------------------------------------
@@ -267,8 +268,8 @@ def replay_prefill(engine, payload: list[int]) -> None:
 
 
 def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
-    live, bucket, uses_draft, copy_only, kv_span = payload[:5]
-    slots = payload[5 : 5 + live]
+    live, bucket, uses_draft, copy_only, kv_span, draft_depth = payload[:6]
+    slots = payload[6 : 6 + live]
     device = engine.runner.device
     # the worker's own policy says whether a draft exists (its context is extended every
     # step); whether this step runs it is rank 0's decision
@@ -277,7 +278,7 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     ctx = TierContext(bucket, live, width, engine.geometry.rows_for(bucket), None)
     step = DecodeStep(engine.runner, engine.storage, policy, ctx, host_to_device(slots, device),
                       torch.zeros(live, dtype=torch.int64, device=device), draft=bool(uses_draft),
-                      copy_only=bool(copy_only), kv_span=kv_span,
+                      copy_only=bool(copy_only), kv_span=kv_span, draft_depth=draft_depth,
                       host_caps=np.zeros(live, dtype=np.int64))  # rank 0 sends the caps with its decision
     engine.decode_on_device(step)
     return live

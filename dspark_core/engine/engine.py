@@ -50,7 +50,7 @@ class Engine:
         self.max_model_len = min(config.max_model_len, target.config.max_position)
         self.runner = ModelRunner(target, draft if self.policy.uses_draft else None, draft_width=config.draft_width,
                                   num_slots=num_slots, max_len=self.max_model_len, graphs=graphs,
-                                  copy_proposals=config.copy_proposals,
+                                  copy_proposals=config.copy_proposals, draft_depths=dict(config.draft_depths),
                                   kv_spans=kv_spans(config.captured_kv_spans, self.max_model_len,
                                                     graphs is not None and graphs.records))
         self.storage = self.runner.storage

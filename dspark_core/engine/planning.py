@@ -78,6 +78,9 @@ class StepPlanner:
         # the plan (draft or not) uses the freshest confidences the host holds; with lag >= 1
         # that is exactly the tier's input, with lag 0 the step's own proposal does not exist yet
         known = np.stack([self.confidences_up_to(r, index - max(lag, 1)) for r in running])
+        depth = self.runner.depth_for(bucket, policy)
+        if depth < width:  # older confidences may come from a step that proposed more: nothing past the depth exists
+            known[:, depth:] = 0.0
         plan = plan_step(policy, ctx, known, cap_values)
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
         # slots and caps go to the device once, already padded to the bucket (the scratch slot, cap -1):
@@ -89,7 +92,8 @@ class StepPlanner:
         copy_only = not plan.draft and self.runner.copies_on and bool(getattr(policy, "copy_steps", False))
         step = DecodeStep(self.runner, self.storage, policy, ctx, bucket_slots[:n], bucket_caps[:n],
                           host_caps=cap_values, draft=plan.draft, copy_only=copy_only, index=index,
-                          bucket_slots=bucket_slots, bucket_caps=bucket_caps, kv_span=self.runner.span_for(kv))
+                          bucket_slots=bucket_slots, bucket_caps=bucket_caps, kv_span=self.runner.span_for(kv),
+                          draft_depth=depth if plan.draft else 0)
         if lag > 0:
             step.tier_confidences = known
         if plan.draft and queue_depth > 1 and lag == 1:  # the next step will wait for this proposal

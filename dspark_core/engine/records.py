@@ -28,6 +28,8 @@ class EngineConfig:
     copy_proposals: str = "auto"  # auto (as the draft's config says), on or off (dspark_core.engine.copies)
     # KV spans the cache-reading keys are also prepared for: auto, off or a list (geometry.kv_spans)
     captured_kv_spans: str = "auto"
+    # (request bucket, tokens the draft proposes there) where fewer than K; other buckets propose K
+    draft_depths: tuple[tuple[int, int], ...] = ()
 
 
 @frozen

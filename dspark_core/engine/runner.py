@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import torch
@@ -42,7 +42,7 @@ class ModelRunner:
 
     def __init__(self, target: TargetModel, draft: DraftModel | None, *, draft_width: int, num_slots: int,
                  max_len: int, graphs: GraphBackend | None = None, copy_proposals: str = "auto",
-                 kv_spans: tuple[int, ...] = ()) -> None:
+                 kv_spans: tuple[int, ...] = (), draft_depths: Mapping[int, int] | None = None) -> None:
         self.target = target
         self.graphs = graphs
         self.draft = draft
@@ -75,6 +75,8 @@ class ModelRunner:
             self.hidden_layers = tuple(draft.config.aux_layer_ids)
             self.draft_context = DraftContextQueue(draft, num_slots=num_slots, max_len=max_len,
                                                    scratch_slot=self.scratch_slot, max_rows=PENDING_CONTEXT_ROWS)
+        # request bucket -> tokens the draft proposes there, where fewer than K (--draft_depths)
+        self.draft_depths = checked_draft_depths(draft, draft_depths or {}, draft_width)
         self.copy_orders, copy_confidences = copy_settings(draft, copy_proposals, draft_width)
         # one row per order, longest first, and a last row for slots without a match (never read)
         self.copy_confidences = torch.tensor(copy_confidences + [[0.0] * draft_width], dtype=torch.float32,
@@ -142,29 +144,39 @@ class ModelRunner:
         """The KV span of a step whose positions are all below ``kv_length`` (0: the whole cache)."""
         return span_for(self.kv_spans, kv_length)
 
-    def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None, kv_span: int = 0
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def depth_for(self, request_bucket: int, policy: object = None) -> int:
+        """Tokens the draft proposes in a step of ``request_bucket``: the bucket's draft depth, or all K
+        for a ``policy`` that verifies more per request than that depth holds (a fixed k above it, see
+        ``draft_depth_needed``), so that its rows are never spent on tokens nobody proposed."""
+        depth = self.draft_depths.get(request_bucket, self.draft_width)
+        needed = getattr(policy, "draft_depth_needed", None)
+        return self.draft_width if needed is not None and needed(self.draft_width) > depth else depth
+
+    def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None, kv_span: int = 0,
+                             depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K drafted tokens and their confidences for the requests in ``slots``, drafted from their
         anchors in slot storage and recorded there.
 
         With a graph backend and a request bucket the block runs as the bucket's ``propose`` key
         (padded to the bucket on the scratch slot), anchors read and proposal recorded inside it;
-        otherwise eagerly.
+        otherwise eagerly. ``depth``: tokens the draft proposes (default K; see :meth:`depth_for`).
         """
+        depth = self.draft_width if depth is None else depth
         if self.graphs is None or request_bucket is None:
             self.flush_draft_context()
-            return self._propose_fn(slots, copies=self.copies_on)
+            return self._propose_fn(slots, copies=self.copies_on, depth=depth)
         n = slots.shape[0]
-        tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket, kv_span)
+        tokens, confidences = self.propose_bucket(pad_to(slots, request_bucket, self.scratch_slot), request_bucket, kv_span,
+                                                  depth)
         return tokens[:n], confidences[:n]
 
-    def propose_bucket(self, bucket_slots: torch.Tensor, request_bucket: int, kv_span: int = 0
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose_bucket(self, bucket_slots: torch.Tensor, request_bucket: int, kv_span: int = 0,
+                       depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's ``propose`` key on slots already padded to it (the scratch slot); returns the
         key's whole outputs, one row per bucket entry (rows of the scratch slot are meaningless)."""
         self.flush_draft_context()
         assert self.graphs is not None, "propose_bucket runs the proposal key of a graph backend"
-        key = self.proposal_key(request_bucket, self.copies_on, kv_span)
+        key = self.proposal_key(request_bucket, self.copies_on, kv_span, self.draft_width if depth is None else depth)
         tokens, confidences = self.graphs.run(key, {"slot_ids": bucket_slots})
         return tokens, confidences
 
@@ -203,13 +215,16 @@ class ModelRunner:
                               "(copy_proposals=off, or auto with a draft whose config sets no copy_order)")
         self.copies_on = on
 
-    def proposal_key(self, request_bucket: int, copies: bool = False, kv_span: int = 0) -> BindingKey:
+    def proposal_key(self, request_bucket: int, copies: bool = False, kv_span: int = 0, depth: int | None = None
+                     ) -> BindingKey:
         weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
         dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
+        cut = depth if depth is not None and depth < self.draft_width else 0  # all K keeps depth 0, as before depths
         return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device),
-                          stage="propose+copy" if copies else "propose", kv_span=kv_span)
+                          stage="propose+copy" if copies else "propose", kv_span=kv_span, draft_depth=cut)
 
-    def _propose_fn(self, slot_ids: torch.Tensor, *, copies: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _propose_fn(self, slot_ids: torch.Tensor, *, copies: bool = False, depth: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The proposal key: anchors from slot storage, the draft's block (led by copied tokens with
         ``copies``), the record in slot storage. Empty bucket entries (the scratch slot) draft token 0
         at position 0 and copy nothing: no context visible, the block is computed and dropped."""
@@ -219,21 +234,26 @@ class ModelRunner:
         if copies:
             copied, copy_lengths, order_index = self.storage.copies(slot_ids, self.copy_orders)
             tokens, confidences = self._draft_block(anchors, positions, slot_ids, copied, torch.where(live, copy_lengths, 0),
-                                                    self.copy_confidences[order_index])
+                                                    self.copy_confidences[order_index], depth=depth)
         else:
-            tokens, confidences = self._draft_block(anchors, positions, slot_ids)
+            tokens, confidences = self._draft_block(anchors, positions, slot_ids, depth=depth)
         self.storage.record_proposal(slot_ids, tokens, confidences)
         return tokens, confidences
 
     def _draft_block(self, anchors: torch.Tensor, positions: torch.Tensor, slot_ids: torch.Tensor,
                      copied: torch.Tensor | None = None, copy_lengths: torch.Tensor | None = None,
-                     copy_confidences: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     copy_confidences: torch.Tensor | None = None, depth: int | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft's block; with ``copied`` tokens, request b's block starts with the first
         ``copy_lengths[b]`` of them, with ``copy_confidences[b]`` as their confidences. The lookup
         fills the whole width wherever it finds a copy (it repeats a short one), so a block is all
-        copy or all draft, and the draft needs no part in it."""
+        copy or all draft, and the draft needs no part in it. ``depth`` < K: the draft proposes only
+        that many tokens (the rest have confidence 0); a copy still fills the whole width."""
         assert self.draft is not None, "propose without a draft"  # the engine never drafts without one
-        tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
+        if depth is None or depth >= self.draft_width:
+            tokens, confidences = self.draft.propose(anchors, positions, slot_ids)
+        else:
+            tokens, confidences = self.draft.propose(anchors, positions, slot_ids, depth=depth)
         tokens, confidences = tokens[:, : self.draft_width], confidences[:, : self.draft_width]
         if copied is None or copy_lengths is None or copy_confidences is None:
             return tokens, confidences
@@ -367,10 +387,12 @@ class ModelRunner:
         for bucket in geometry.request_buckets:
             if self.draft is not None:
                 scratch = {"slot_ids": as_long([self.scratch_slot] * bucket)}
-                for copies in (False, True) if self.copy_orders else (False,):
-                    for span in spans:
-                        self.graphs.prepare(self.proposal_key(bucket, copies, span), partial(self._propose_fn, copies=copies),
-                                            scratch)
+                # a bucket with a draft depth also keeps a key for all K (a fixed k above the depth)
+                for depth in sorted({self.draft_width, self.draft_depths.get(bucket, self.draft_width)}):
+                    for copies in (False, True) if self.copy_orders else (False,):
+                        for span in spans:
+                            self.graphs.prepare(self.proposal_key(bucket, copies, span, depth),
+                                                partial(self._propose_fn, copies=copies, depth=depth), scratch)
                 if self.copy_orders:
                     self.graphs.prepare(self.copy_key(bucket), self._copy_fn, scratch)
             no_requests = torch.zeros(0, self.draft_width, device=self.device)
@@ -384,11 +406,28 @@ class ModelRunner:
                         self.graphs.prepare(self.binding_key(bucket, rows, write, span), fn, example)
 
 
-def _takes_greedy_only(target: TargetModel) -> bool:
+def checked_draft_depths(draft: DraftModel | None, depths: Mapping[int, int], width: int) -> dict[int, int]:
+    """``depths`` (request bucket -> tokens proposed there) without the buckets that propose all K,
+    after checking that every depth lies in 1..K and that the draft can propose fewer than K."""
+    bad = {bucket: depth for bucket, depth in depths.items() if not 1 <= depth <= width}
+    if bad:
+        raise ConfigError(f"draft depths {bad}: each must lie in 1..{width} (num_speculative_tokens)")
+    short = {int(bucket): int(depth) for bucket, depth in depths.items() if depth < width}
+    if short and draft is not None and not _takes_keyword(draft.propose, "depth"):
+        raise ConfigError(f"draft depths {short}: this draft ({type(draft).__name__}) proposes only whole blocks "
+                          "(its propose() takes no depth); use --draft_depths=full")
+    return short
+
+
+def _takes_keyword(fn, name: str) -> bool:
     try:
-        return "greedy_only" in inspect.signature(target.forward).parameters
-    except (TypeError, ValueError):  # no signature to read: the plain call
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: assume not
         return False
+
+
+def _takes_greedy_only(target: TargetModel) -> bool:
+    return _takes_keyword(target.forward, "greedy_only")  # a target written before the option: the plain call
 
 
 def _greedy(out: ForwardOutput) -> torch.Tensor:

@@ -109,6 +109,8 @@ class DecodeStep:
     # KV positions the step's keys read per slot (0: the whole cache): every position it may touch
     # is below it (ModelRunner.span_for)
     kv_span: int = 0
+    # tokens the draft proposes (ModelRunner.depth_for; 0: all K)
+    draft_depth: int = 0
     # set to the host copy of the confidences right after the proposal, when the host
     # building the next step waits for them (tier_lag 1 with schedule overlap)
     proposal_ready: Future[np.ndarray] | None = None
@@ -144,13 +146,13 @@ def propose(step: DecodeStep) -> Proposal:
         zeros = torch.zeros(rows, width, dtype=torch.int64, device=step.slots.device)
         zero_confidences = torch.zeros(rows, width, dtype=torch.float32, device=step.slots.device)
         return Proposal(zeros[:n], zero_confidences[:n], zeros, zero_confidences)
-    bucket = step.tier_context.request_bucket
+    bucket, depth = step.tier_context.request_bucket, step.draft_depth or None
     if step.bucket_slots is not None and step.runner.graphs is not None:
-        bucket_tokens, bucket_confidences = step.runner.propose_bucket(step.bucket_slots, bucket, step.kv_span)
+        bucket_tokens, bucket_confidences = step.runner.propose_bucket(step.bucket_slots, bucket, step.kv_span, depth)
         bucket_confidences = bucket_confidences.float()
         tokens, confidences = bucket_tokens[:n], bucket_confidences[:n]
     else:
-        tokens, confidences = step.runner.propose_from_storage(step.slots, bucket, step.kv_span)
+        tokens, confidences = step.runner.propose_from_storage(step.slots, bucket, step.kv_span, depth)
         confidences, bucket_tokens, bucket_confidences = confidences.float(), None, None
     if step.proposal_ready is not None:
         step.proposal_ready.set_result(confidences.cpu().numpy().astype(np.float64))

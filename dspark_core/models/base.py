@@ -170,9 +170,13 @@ class DraftModel(Protocol):
         ...
 
     def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor,
-                slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A block of drafted tokens and their confidences per request. Copy proposals need
-        nothing from the draft: the engine replaces the block of a request that has one."""
+                slot_ids: torch.Tensor, depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A block of drafted tokens and their confidences per request ``[B, K]`` each. Copy proposals
+        need nothing from the draft: the engine replaces the block of a request that has one.
+
+        ``depth`` (1..K; None: K) asks for the first ``depth`` tokens only, the rest returned with
+        confidence 0 (``--draft_depths``). A draft whose ``propose`` takes no ``depth`` keyword is
+        only ever asked for whole blocks, and a launch with depths refuses it."""
         ...
 
 

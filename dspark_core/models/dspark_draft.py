@@ -125,11 +125,13 @@ class DSparkDraft(nn.Module):
 
     # -- backbone ----------------------------------------------------------------
 
-    def backbone(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states ``[N, S, d]`` of the blocks ``[anchor, mask...]``."""
+    def backbone(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor,
+                 block_rows: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states ``[N, S, d]`` of the blocks ``[anchor, mask...]`` (``S``: ``block_rows``,
+        by default the trained ``block_size``; a shorter block is the trained one cut after ``S`` slots)."""
         self._ready()
         c = self.config
-        n, s = anchor_tokens.shape[0], c.block_size
+        n, s = anchor_tokens.shape[0], c.block_size if block_rows is None else block_rows
         ids = torch.full((n, s), c.mask_token_id, dtype=torch.long, device=anchor_tokens.device)
         ids[:, 0] = anchor_tokens
         x = self._embed[ids].to(self.fc.weight.dtype)
@@ -160,9 +162,13 @@ class DSparkDraft(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 
-    def _proposal_hidden(self, anchor_tokens, anchor_positions, slot_ids) -> torch.Tensor:
-        first = self.config.first_proposal_slot
-        return self.backbone(anchor_tokens, anchor_positions, slot_ids)[:, first : first + self.config.num_speculative_tokens]
+    def _proposal_hidden(self, anchor_tokens, anchor_positions, slot_ids, depth: int | None = None) -> torch.Tensor:
+        first, width = self.config.first_proposal_slot, self.config.num_speculative_tokens
+        depth = width if depth is None else depth
+        if not 1 <= depth <= width:
+            raise ModelError(f"draft depth {depth} is outside 1..{width} (the tokens this draft proposes per block)")
+        block_rows = None if depth == width else first + depth
+        return self.backbone(anchor_tokens, anchor_positions, slot_ids, block_rows)[:, first : first + depth]
 
     def _head_weight(self) -> torch.Tensor:
         return self.lm_head if self.lm_head is not None else self._head
@@ -172,19 +178,26 @@ class DSparkDraft(nn.Module):
         return self.confidence_head(feats)
 
     def confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
-        """Calibrated confidences ``sigmoid(logit_j / T_j)`` for ``[..., K]`` logits."""
-        return torch.sigmoid(confidence_logits.float() / self.temperatures)
+        """Calibrated confidences ``sigmoid(logit_j / T_j)`` for ``[..., K]`` logits (or the first
+        positions' ``[..., depth]``)."""
+        return torch.sigmoid(confidence_logits.float() / self.temperatures[: confidence_logits.shape[-1]])
 
     # -- inference ---------------------------------------------------------------
 
     @torch.no_grad()
-    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, slot_ids: torch.Tensor,
+                depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy block for each request: target-vocabulary tokens ``[B, K]`` and confidences ``[B, K]``.
         Drafts without a confidence head report confidence 1.0 everywhere.
+
+        ``depth`` (1..K, default K) proposes only the first ``depth`` tokens, from a block cut after
+        them: the block is non-causal, so its first tokens change a little, but on held-out SmolLM2
+        answers their acceptance did not (docs/architecture.md, "Draft depth"). The remaining
+        ``K - depth`` positions come back as token 0 with confidence 0, which no budget selects.
         """
         c = self.config
-        hidden = self._proposal_hidden(anchor_tokens, anchor_positions, slot_ids)
+        hidden = self._proposal_hidden(anchor_tokens, anchor_positions, slot_ids, depth)
+        depth = hidden.shape[1]
         base = linear(hidden, self._head_weight()).float()  # [B, K, V_draft]
         to_target = self.draft_to_target()
         head = self.markov_head
@@ -194,15 +207,20 @@ class DSparkDraft(nn.Module):
             # only the greedy chain is sequential (position j's bias needs token j-1); the confidence
             # head then runs once for the block, since on the CPU a step is bound by per-op overhead
             prev, state, tokens, embs = anchor_tokens, head.initial_state(anchor_tokens.shape[0], hidden), [], []
-            for j in range(c.num_speculative_tokens):
+            for j in range(depth):
                 embs.append(head.markov_w1(prev))
                 bias, state = head.step(embs[-1], hidden[:, j], state)
                 prev = to_target[greedy_tokens(base[:, j] + bias)]  # float32 + the bias, promoted
                 tokens.append(prev)
             out_tokens, prev_emb = torch.stack(tokens, dim=1), torch.stack(embs, dim=1)
         if self.confidence_head is None:
-            return out_tokens, torch.ones(out_tokens.shape, dtype=torch.float32, device=out_tokens.device)
-        return out_tokens, self.confidence(self._confidence_logit(hidden, prev_emb))
+            confidences = torch.ones(out_tokens.shape, dtype=torch.float32, device=out_tokens.device)
+        else:
+            confidences = self.confidence(self._confidence_logit(hidden, prev_emb))
+        missing = c.num_speculative_tokens - depth
+        if missing:  # positions past the depth: nothing proposed, nothing to verify
+            out_tokens, confidences = F.pad(out_tokens, (0, missing)), F.pad(confidences, (0, missing))
+        return out_tokens, confidences
 
     # -- training ----------------------------------------------------------------
 

@@ -32,6 +32,11 @@ class FixedPolicy:
     def per_request(self, width: int) -> int:
         return width if self.k is None else min(self.k, width)
 
+    def draft_depth_needed(self, width: int) -> int:
+        """Tokens the draft must propose for this policy (a request bucket with a smaller draft depth
+        proposes all K for it instead; see ``ModelRunner.depth_for``)."""
+        return self.per_request(width)
+
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         wanted = ctx.request_bucket + int(np.minimum(caps, self.per_request(ctx.draft_width)).sum())
         return TierChoice(rows=smallest_tier(ctx, wanted))
