@@ -90,7 +90,7 @@ def dspark_device(name: str) -> DeviceSpec | None:
         default_draft_dtype="bfloat16" if native_bfloat16() else None,
         # a proposal's rows cost compute here like verify rows do, and the larger a bucket, the fewer
         # drafted tokens per request a step verifies: 4 tokens from 4 requests on, 2 from 16 on. On the
-        # 2-core AVX2 CPU, 16 requests: a proposal 18.8 -> 10.8 ms, adaptive 0.988x -> 1.036x of
-        # target-only in a policy replay of held-out traces (docs/architecture.md, "Draft depth")
+        # 2-core AVX2 CPU, 16 requests: a proposal 16.6 -> 8.5 ms, fixed k1 1.053x -> 1.096x and adaptive
+        # 1.035x -> 1.057x of target-only in lock-step on MT-Bench (docs/architecture.md, "Draft depth")
         default_draft_depths=((4, 4), (16, 2)),
     )
