@@ -20,7 +20,8 @@ from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, ModelError
 from dspark_core.geometry import Geometry
 from dspark_core.resolve import draft_depths_for, fingerprint_for
-from capture_support import StandInCapturedBackend, host_reads
+from dspark_core.table import load_table
+from capture_support import ROOT, StandInCapturedBackend, host_reads
 from engine_support import DraftDouble, OracleDraft, greedy_references, random_prompts, synthetic_table, tiny_pair
 
 WIDTH = 7
@@ -201,3 +202,6 @@ def test_depths_are_part_of_the_table_fingerprint(tmp_path):
     assert cut.execution.draft_depths == ((16, 2),)
     assert [m.describe() for m in compare(whole, cut)] == ["execution.draft_depths: saved null, launch [[16, 2]]"]
     assert compare(cut, fingerprint("16:2")) == []
+    # a saved table reads its depths back (the run that calibrated this one had the CPU's auto depths)
+    saved = load_table(ROOT / "benchmarks" / "results" / "avx2" / "draft-depths" / "cost-table-depths.json")
+    assert saved.fingerprint.execution.draft_depths == ((4, 4), (8, 4), (16, 2))
