@@ -51,7 +51,7 @@ from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import StepReport
 from dspark_core.geometry import Geometry
 from dspark_core.plugins import default_hooks
-from dspark_core.policy import TierContext, observe_step, plan_step
+from dspark_core.policy import TierContext, observe_step, plan_step, step_draft_depth
 from dspark_core.resolve import parse_draft_depths
 from dspark_core.table import load_table
 
@@ -159,11 +159,6 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
     as often on held-out prompts (docs/architecture.md, "Draft depth")."""
     geometry = belief.geometry
 
-    def depth_at(bucket: int) -> int:
-        depth = (draft_depths or {}).get(bucket, width)
-        needed = getattr(policy, "draft_depth_needed", None)
-        return width if needed is not None and needed(width) > depth else depth
-
     kernels = kernels_for(width)
     queue = list(range(len(traces)))
     live: list[list[int]] = []  # [trace index, position]
@@ -189,7 +184,7 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
                           belief.draft_off_for_step(bucket, CONTEXT))
         caps = np.full(len(live), width)
         step = int(steps)
-        depth = depth_at(bucket)
+        depth = step_draft_depth(policy, draft_depths or {}, bucket, width)
         older = np.stack([known(t, step - max(lag, 1)) for t, _ in live])
         older[:, depth:] = 0.0  # nothing past this step's depth will be proposed
         plan = plan_step(policy, ctx, older, caps)

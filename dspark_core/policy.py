@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from itertools import accumulate
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -116,6 +117,15 @@ def reads_confidences(policy: object) -> bool:
     ``[n, 0]`` array instead of the step's own confidences, so the host does not wait for the
     proposal between the two launches of the step."""
     return bool(getattr(policy, "reads_confidences", True))
+
+
+def step_draft_depth(policy: object, draft_depths: Mapping[int, int], request_bucket: int, width: int) -> int:
+    """Tokens the draft proposes in a step of ``request_bucket`` under ``policy``: the bucket's draft depth
+    (``draft_depths``, absent: all ``width``), or all of them for a policy whose ``draft_depth_needed(width)``
+    (a fixed k) is above that depth, so that its rows are never spent on tokens nobody proposed."""
+    depth = draft_depths.get(request_bucket, width)
+    needed = getattr(policy, "draft_depth_needed", None)
+    return width if needed is not None and needed(width) > depth else depth
 
 
 def plan_step(policy: object, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> StepPlan:

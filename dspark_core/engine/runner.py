@@ -22,6 +22,7 @@ from dspark_core.geometry import Geometry, span_for
 from dspark_core.graphs import BindingKey, GraphBackend, static_shapes_active
 from dspark_core.models.base import DraftModel, ForwardBatch, ForwardOutput, TargetModel
 from dspark_core.models.layers import greedy_tokens
+from dspark_core.policy import step_draft_depth
 from dspark_kernels import kernels_for
 from dspark_kernels.accept_commit import Acceptance, gather_target_tokens
 from dspark_kernels.pack import PackedRows
@@ -145,12 +146,9 @@ class ModelRunner:
         return span_for(self.kv_spans, kv_length)
 
     def depth_for(self, request_bucket: int, policy: object = None) -> int:
-        """Tokens the draft proposes in a step of ``request_bucket``: the bucket's draft depth, or all K
-        for a ``policy`` that verifies more per request than that depth holds (a fixed k above it, see
-        ``draft_depth_needed``), so that its rows are never spent on tokens nobody proposed."""
-        depth = self.draft_depths.get(request_bucket, self.draft_width)
-        needed = getattr(policy, "draft_depth_needed", None)
-        return self.draft_width if needed is not None and needed(self.draft_width) > depth else depth
+        """Tokens the draft proposes in a step of ``request_bucket`` under ``policy``
+        (:func:`~dspark_core.policy.step_draft_depth`)."""
+        return step_draft_depth(policy, self.draft_depths, request_bucket, self.draft_width)
 
     def propose_from_storage(self, slots: torch.Tensor, request_bucket: int | None = None, kv_span: int = 0,
                              depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
