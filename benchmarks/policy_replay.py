@@ -150,8 +150,14 @@ def refitted_table(path: str, sigma: float, seed: int):
 
 
 def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, concurrency: int,
-           belief: TierCosts, truth: TierCosts, draft_depths: dict[int, int] | None = None) -> dict:
+           belief: TierCosts, truth: TierCosts, draft_depths: dict[int, int] | None = None,
+           drafted_scale: float = 1.0, time_noise: float = 0.0, seed: int = 0) -> dict:
     """Decode every trace ``concurrency`` at a time under ``policy``; time is charged from ``truth``.
+
+    ``drafted_scale`` multiplies what a drafted step really costs (truth's price) while the policy still
+    decides on ``belief``'s: a table that underprices drafting (> 1) or overprices it (< 1). Each report
+    carries the charged seconds as its measured ``step_seconds`` (what the ``timed`` draft-off rule reads),
+    times log-normal noise of ``time_noise`` (seeded by ``seed``; the charge itself stays exact).
 
     ``draft_depths`` (request bucket -> tokens proposed there, as ``--draft_depths``): the confidences past
     a step's depth are zeros, as the engine's are (a fixed k above the depth gets all K, as there). The
@@ -174,6 +180,7 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
         return np.ones(width)
 
     lag = policy.tier_lag
+    rng = np.random.default_rng(seed)
     seconds = tokens = steps = off_steps = 0.0
     while queue or live:
         while queue and len(live) < concurrency:
@@ -191,10 +198,11 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
         ctx = attrs.evolve(ctx, forecast_scale=plan.forecast_scale)
         if not plan.draft:
             accepted = np.zeros(len(live), dtype=np.int64)
-            seconds += truth.draft_off_for_step(bucket, CONTEXT)
+            charged = float(truth.draft_off_for_step(bucket, CONTEXT))
             off_steps += 1
             report = StepReport(len(live), bucket, bucket, tuple(accepted), tuple(accepted), False, float(len(live)),
-                                len(live), tiers, ctx.tier_costs, True, ctx.draft_off_cost, plan.forecast_scale)
+                                len(live), tiers, ctx.tier_costs, True, ctx.draft_off_cost, plan.forecast_scale,
+                                step_seconds=charged * float(np.exp(rng.normal(0.0, time_noise))))
         else:
             confidences = np.stack([1.0 / (1.0 + np.exp(-traces[t].logits[p, :width] / temperatures[:width]))
                                     for t, p in live])
@@ -206,14 +214,15 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
             lengths = policy.split(kernels, torch.from_numpy(confidences).float(), torch.from_numpy(caps), choice,
                                    bucket).numpy()
             accepted = np.minimum([traces[t].accepted(p, width) for t, p in live], lengths)
-            seconds += float(truth.for_step(bucket, CONTEXT)[tiers.index(choice.rows)])
+            charged = drafted_scale * float(truth.for_step(bucket, CONTEXT)[tiers.index(choice.rows)])
             report = StepReport(len(live), bucket, choice.rows, tuple(int(x) for x in lengths),
                                 tuple(int(x) for x in accepted), choice.fallback, choice.predicted_tokens,
                                 int(accepted.sum()) + len(live), tiers, ctx.tier_costs, False, ctx.draft_off_cost,
-                                plan.forecast_scale)
+                                plan.forecast_scale, step_seconds=charged * float(np.exp(rng.normal(0.0, time_noise))))
             for (t, _), c in zip(live, confidences):
                 history.setdefault(t, []).append((step, c))
             population.append((step, confidences.mean(axis=0)))
+        seconds += charged
         observe_step(policy, report)
         steps += 1
         for item, a in zip(live, accepted):
@@ -253,7 +262,8 @@ def replay_command(args: argparse.Namespace) -> int:
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             rates = {}
             for name, policy in make_policies(names, extra, width).items():
-                rates[name] = replay(traces, temperatures, width, policy, concurrency, belief, truth, depths)
+                rates[name] = replay(traces, temperatures, width, policy, concurrency, belief, truth, depths,
+                                     args.drafted_scale, args.time_noise, args.seed)
             base = rates["none"]["tokens_per_second"]
             fixed = {n: r["tokens_per_second"] for n, r in rates.items() if n.startswith("fixed-k")}
             best = max(fixed, key=fixed.get) if fixed else None
@@ -298,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--draft_depths", default="full",
                      help="Tokens the draft proposes per bucket: `full` or bucket:depth pairs (as the serve flag); "
                           "price them with a table calibrated at those depths")
+    rep.add_argument("--drafted_scale", type=float, default=1.0,
+                     help="what a drafted step really costs over the table's price (the policies still decide on "
+                          "the table): 1.1 = the table underprices drafting by 10 %%")
+    rep.add_argument("--time_noise", type=float, default=0.0,
+                     help="log-normal sigma of the noise on each step's measured seconds (the timed draft-off rule's "
+                          "input; the charged time stays exact)")
+    rep.add_argument("--seed", type=int, default=0, help="seed of --time_noise")
     rep.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     return record(args) if args.command == "record" else replay_command(args)

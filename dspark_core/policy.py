@@ -81,6 +81,7 @@ class StepPlan:
 
     draft: bool = True  # False: a draft-off step
     probe: bool = False  # True: drafting although it did not look worth it, to learn whether it pays again
+    reference: bool = False  # True: draft-off although drafting looked worth it, to measure what draft-off costs
     forecast_scale: float = 1.0  # copied into the step's TierContext
 
 

@@ -70,6 +70,9 @@ def test_bench_in_process_end_to_end(tmp_path, capsys):
         # adaptive forecasts every step; fixed widths forecast none
         assert same["adaptive"]["forecast_steps"] > 0 and same["adaptive"]["predicted_over_realized"] > 0
         assert same["fixed-k2"]["forecast_steps"] == 0 and math.isnan(same["fixed-k2"]["predicted_over_realized"])
+        # every decode step was timed: full width only drafts, target-only never does
+        assert same["fixed-k5"]["drafted_step_ms"] > 0 and same["none"]["draft_off_step_ms"] > 0
+        assert math.isnan(same["none"]["drafted_step_ms"])
     none = next(r for r in rows if r["policy"] == "none")
     assert none["mean_verify_width"] == 0 and none["accepted_length"] == pytest.approx(1.0)
     # the cost table prices a draft `none` never runs: no model or oracle figures for it
@@ -155,6 +158,13 @@ def test_summary_definitions_on_a_hand_made_cell():
     assert row["oracle_model_tokens_per_second"] == pytest.approx(6 / 0.25)
     assert row["rounds"] == 1 and math.isnan(row["predicted_over_realized"])
     assert "| fixed-k2 | 2 |" in markdown([row])
+    # measured step times: medians per kind, pooled over rounds (NaN where a cell ran no such step)
+    timed = pool("adaptive", 2, [CellRecord("adaptive", 2, drafted_step_seconds=[0.2, 0.4], off_step_seconds=[0.1]),
+                                 CellRecord("adaptive", 2, drafted_step_seconds=[0.3])])
+    figures = summarize(timed)
+    assert figures["drafted_step_ms"] == pytest.approx(300.0) and figures["draft_off_step_ms"] == pytest.approx(100.0)
+    assert math.isnan(summarize(CellRecord("none", 2, wall_seconds=1.0))["drafted_step_ms"])
+    assert "| 300.0 | 100.0 |" in markdown([figures])
 
 
 def test_ratios_and_their_spread_over_rounds():

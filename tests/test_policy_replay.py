@@ -94,3 +94,22 @@ def test_bad_belief_is_refused_by_name(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "replay", "--traces", str(traces), "--table", str(TABLE),
                            "--belief", str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "missing.json" in proc.stderr
+
+
+def test_a_table_that_underprices_drafting_misleads_the_priced_rule_not_the_timed_one(tmp_path):
+    # a draft whose first two tokens always survive pays at the table's prices; charged three times the
+    # table's price for every drafted step, it loses to target-only whatever it verifies
+    traces = write_traces(tmp_path / "t.npz", {"good": np.array([1, 1, 0, 0, 0, 0, 0], bool)}, answers=4, positions=200)
+    timed = '{"timed": ["adaptive", {"draft_off_rule": "timed"}]}'
+    exact = run_replay(traces, "--concurrency", "4", "--policies", "fixed-k2,adaptive", "--extra", timed)
+    dear = run_replay(traces, "--concurrency", "4", "--policies", "fixed-k2,adaptive", "--extra", timed,
+                      "--drafted_scale", "3", "--time_noise", "0.1", "--seed", "2")
+    # a fixed width drafts every step, so its rate falls by exactly the scale
+    assert rate(dear, "good", 4, "fixed-k2")["vs_target_only"] == pytest.approx(
+        rate(exact, "good", 4, "fixed-k2")["vs_target_only"] / 3, rel=1e-9)
+    # the realized rule believes the table and keeps drafting; the timed rule measures the loss
+    assert rate(dear, "good", 4, "adaptive")["draft_off_share"] < 0.1
+    assert rate(dear, "good", 4, "timed")["draft_off_share"] > 0.7
+    assert rate(dear, "good", 4, "timed")["vs_target_only"] > rate(dear, "good", 4, "adaptive")["vs_target_only"] + 0.15
+    # where the table is right, the timed rule costs little (its references)
+    assert rate(exact, "good", 4, "timed")["vs_target_only"] >= 0.97 * rate(exact, "good", 4, "adaptive")["vs_target_only"]

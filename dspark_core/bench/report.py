@@ -11,6 +11,10 @@ that never runs it (``none``) has no model or oracle figures.
 ``predicted_over_realized`` is the policy's forecast of committed tokens
 summed over the steps it forecast, divided by what those steps committed
 (1.0 = calibrated forecasts; NaN for policies that make none).
+``drafted_step_ms`` and ``draft_off_step_ms`` are medians of the measured
+decode steps (device work up to the result copy, no prefill), drafted and
+not (target-only's steps are draft-off ones): set beside the table's prices,
+they show which kind of step the table gets wrong on this machine.
 
 Ratios: each cell's headline ratio pools every round (total tokens / total
 wall time). The same ratio is also taken round by round, each round against
@@ -88,6 +92,8 @@ def summarize(cell: CellRecord, full_width_policy: str = "") -> dict[str, Any]:
         "oracle_model_tokens_per_second": figures["oracle_model_tokens_per_second"],
         "predicted_over_realized": figures["predicted_over_realized"],
         "forecast_steps": cell.forecast_steps,
+        "drafted_step_ms": 1e3 * _percentile(cell.drafted_step_seconds, 50),
+        "draft_off_step_ms": 1e3 * _percentile(cell.off_step_seconds, 50),
         "per_round": {key: [f[key] for f in rounds] for key in figures},
     }
 
@@ -160,6 +166,7 @@ COLUMNS = [("policy", "policy", "{}"), ("c", "concurrency", "{}"), ("tok/s", "ou
            ("tau", "accepted_length", "{:.2f}"), ("verify", "mean_verify_width", "{:.2f}"),
            ("fallback", "fallback_rate", "{:.2f}"), ("draft off", "draft_off_rate", "{:.2f}"),
            ("copy steps", "copy_step_rate", "{:.2f}"), ("pred/real", "predicted_over_realized", "{:.2f}"),
+           ("drafted step ms", "drafted_step_ms", "{:.1f}"), ("draft-off step ms", "draft_off_step_ms", "{:.1f}"),
            ("vs full", "vs_fixed_full_width", "{:.2f}x"), ("vs full min/med/max", "vs_fixed_full_width", None),
            ("vs best fixed", "vs_best_fixed", "{:.2f}x"), ("vs best min/med/max", "vs_best_fixed", None),
            ("model tok/s", "model_tokens_per_second", "{:.1f}"),

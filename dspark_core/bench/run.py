@@ -53,6 +53,10 @@ class CellRecord:
     oracle_seconds: float = 0.0  # calibrated cost had each step verified exactly what was accepted
     model_steps_covered: int = 0
     uses_draft: bool = True  # False: target-only; its model/oracle figures would price a draft it never ran
+    # measured seconds of each decode step's device work (StepReport.step_seconds), drafted steps and
+    # draft-off ones (copy steps included) apart: what the steps cost here, beside what the table said
+    drafted_step_seconds: list[float] = field(factory=list)
+    off_step_seconds: list[float] = field(factory=list)
     # the policy's forecast of committed tokens summed over the steps that had one, and what those
     # steps really committed (bonus tokens included)
     predicted_tokens: float = 0.0
@@ -71,6 +75,8 @@ def pool(policy: str, concurrency: int, rounds: Sequence[CellRecord]) -> CellRec
     for part in rounds:
         cell.requests += part.requests
         cell.uses_draft = part.uses_draft
+        cell.drafted_step_seconds += part.drafted_step_seconds
+        cell.off_step_seconds += part.off_step_seconds
         for name in ("wall_seconds", "steps", "fallback_steps", "draft_off_steps", "copy_steps",
                      "model_seconds", "oracle_seconds",
                      "model_steps_covered", "predicted_tokens", "forecast_committed", "forecast_steps"):
@@ -117,6 +123,9 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
             cell.predicted_tokens += float(report.predicted_tokens)
             cell.forecast_committed += report.committed_tokens
             cell.forecast_steps += 1
+        if report.step_seconds is not None:
+            off = report.draft_off or report.copy_only or not cell.uses_draft
+            (cell.off_step_seconds if off else cell.drafted_step_seconds).append(report.step_seconds)
         model = step_model_cost(report)
         oracle = smallest_tier_cost(report, report.request_bucket + sum(report.accepted))
         if model is not None and oracle is not None:

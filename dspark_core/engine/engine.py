@@ -9,9 +9,12 @@ at once without schedule overlap, one step later with it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import attrs
 
 from dspark_core.device import host_to_device
 from dspark_core.engine.costs import TierCosts
@@ -233,12 +236,15 @@ class Engine:
         Runs on the calling thread: the engine's queue calls it for the steps
         ``step()`` builds, a multi-rank worker for the steps it replays.
         """
+        started = time.perf_counter()
         try:
-            return self.stages.run(step)
+            result = self.stages.run(step)
         except BaseException as exc:
             if step.proposal_ready is not None and not step.proposal_ready.done():
                 step.proposal_ready.set_exception(exc)  # the host may be waiting for it
             raise
+        # the result is on the host, so the device work is done: no event or extra sync is needed
+        return attrs.evolve(result, seconds=time.perf_counter() - started)
 
     def _process(self, job: Job, result: Any, finished: list[RequestOutput]) -> None:
         """Apply a finished job's results to its requests (already-finished ones are skipped)."""
@@ -257,7 +263,7 @@ class Engine:
                                 result.choice.predicted_tokens, sum(a + 1 for a in result.accepted),
                                 ctx.tiers, ctx.tier_costs, draft_off=result.choice.draft_off,
                                 draft_off_cost=ctx.draft_off_cost, forecast_scale=ctx.forecast_scale,
-                                copy_only=result.choice.copy_only)
+                                copy_only=result.choice.copy_only, step_seconds=result.seconds)
             observe_step(step.policy, report)
             if result.drafted:
                 self.planner.record_population(step.index, result.confidences)

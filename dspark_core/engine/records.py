@@ -50,6 +50,10 @@ class StepReport:
     draft_off_cost: float | None = None  # calibrated seconds of a draft-off step of this bucket
     forecast_scale: float = 1.0  # the scale the policy applied to the confidences' expectation
     copy_only: bool = False  # the step ran no draft but verified copy proposals (a copy step)
+    # measured wall seconds of the step's device work, result copy included (None: not timed). With
+    # schedule overlap the host plans the next step meanwhile, so this is what the step really cost
+    # while serving, contention included; a prefill is a job of its own and is not in it.
+    step_seconds: float | None = None
 
 
 @define

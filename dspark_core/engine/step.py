@@ -125,6 +125,9 @@ class StepResult:
     lengths: list[int]
     confidences: np.ndarray  # [n, K]
     choice: TierChoice
+    # wall seconds the step took on the thread that ran it, up to and including its result copy
+    # (set by Engine.decode_on_device; None where nobody timed it)
+    seconds: float | None = None
 
     @property
     def drafted(self) -> bool:

@@ -16,7 +16,12 @@ Two things keep adaptive from ever losing to target-only decoding:
   what drafted steps of this request bucket really bought lately, by more
   than ``draft_off_margin`` standard errors (the ``realized`` rule;
   ``confidence``: the best drafting tier on the freshest confidences), the
-  step runs no draft at all.
+  step runs no draft at all. The ``timed`` rule judges the same way on
+  measured step times instead of calibrated prices: each time a bucket's steps
+  switch between drafting and not, the step's measured rate (tokens per request
+  per second) is set against the other kind's recent rate, and while drafting
+  the policy runs an occasional draft-off step (a *reference*) to keep that
+  comparison fresh.
 * **Honest forecasts.** Confidences from a draft's head are often optimistic
   (and the tier is picked from older ones). The policy keeps running sums of
   the drafted tokens it expected and the ones the target accepted, decayed per
@@ -57,6 +62,14 @@ FIRST_PROBE_INTERVAL = 4
 DEFAULT_MAX_PROBE_INTERVAL = 256
 DEFAULT_PROBE_BUDGET = 0.01
 DEFAULT_DRAFT_OFF_RULE = "realized"
+DRAFT_OFF_RULES = ("confidence", "realized", "timed")
+FIRST_REFERENCE_INTERVAL = 8
+# timed rule: weight of each new step in the rate of a run of steps of one kind. Short memory, so a
+# switch compares steps a few apart (contexts grow as requests decode, and step times with them).
+RECENT_RATE_WEIGHT = 0.3
+# ... and of the slower mean that decides whether a reference is due early (about ten steps: one
+# request's drafted steps range 0.5-4x the draft-off rate, so three steps dip below it by chance)
+SLOW_RATE_WEIGHT = 0.1
 # This margin and the realized mean's memory (DEFAULT_REALIZED_DECAY) were chosen by
 # replaying the policy over recorded held-out traces under exact, noisy and biased tables
 # (benchmarks/policy_replay.py, benchmarks/results/policy-replay): the realized mean must be steady
@@ -91,6 +104,40 @@ class DraftLearning:
     # a few tens of drafted steps (option ``realized_decay``)
     advantage_decay: float = DEFAULT_REALIZED_DECAY
     advantage_prior_steps: float = PRIOR_STEPS  # option ``realized_prior_steps``
+    # timed rule: (request bucket, drafted) of the last timed step, and the measured rate (committed
+    # tokens per live request per measured second) of the run of such steps it ended, recent steps weighing more
+    last_timed: tuple[int, bool] | None = None
+    run_rate: float = 0.0
+    run_mean: float = 0.0  # the same run's rate with a longer memory (SLOW_RATE_WEIGHT)
+    off_rate: dict[int, float] = field(factory=dict)  # per bucket, the rate of its latest draft-off run
+    on_streak: int = 0  # drafted steps planned since the last draft-off one (timed rule's references)
+    reference_interval: int = FIRST_REFERENCE_INTERVAL
+
+    def record_timed(self, bucket: int, drafted: bool, rate: float) -> float | None:
+        """One measured step of ``bucket``; returns the drafted/draft-off rate ratio it measured (None: no
+        switch). Only a switch pairs the two kinds: the step against the run of the other kind that
+        ended just before it, in the same bucket, so both sides saw nearly the same contexts and
+        machine load. A step of another bucket in between breaks the pair."""
+        ratio = None
+        if self.last_timed == (bucket, not drafted) and self.run_rate > 0 and rate > 0:
+            ratio = rate / self.run_rate if drafted else self.run_rate / rate
+            self.record_advantage(bucket, ratio)
+        if self.last_timed == (bucket, drafted):
+            self.run_rate += RECENT_RATE_WEIGHT * (rate - self.run_rate)
+            self.run_mean += SLOW_RATE_WEIGHT * (rate - self.run_mean)
+        else:
+            self.run_rate = self.run_mean = rate  # a new run starts
+        self.last_timed = (bucket, drafted)
+        if not drafted:
+            self.off_rate[bucket] = self.run_rate
+        return ratio
+
+    def drafting_below_off(self, bucket: int) -> bool:
+        """Whether the current run of drafted steps in ``bucket`` measures below its latest draft-off run, on
+        the run's slower mean (one request's steps are too noisy for the recent rate). Not a fair comparison
+        (that run may be many steps old), only a sign to measure a fair one soon."""
+        off = self.off_rate.get(bucket)
+        return off is not None and self.last_timed == (bucket, True) and self.run_mean < off
 
     @property
     def scale(self) -> float:
@@ -164,8 +211,9 @@ class AdaptivePolicy:
     # largest share of draft-off time that probing may add: where a drafting step costs much
     # more than a draft-off one (a CPU), probes grow rarer than where it is nearly free
     probe_budget: float = DEFAULT_PROBE_BUDGET
-    # what decides draft-off: "confidence" (the best drafting tier on the freshest confidences) or
-    # "realized" (the decayed mean of what drafted steps really bought, once one was measured)
+    # what decides draft-off: "confidence" (the best drafting tier on the freshest confidences),
+    # "realized" (the decayed mean of what drafted steps really bought at calibrated prices, once one was
+    # measured) or "timed" (the same mean of measured drafted/draft-off rate ratios, see record_timed)
     draft_off_rule: str = DEFAULT_DRAFT_OFF_RULE
     # realized rule: the draft goes off only while the measured mean stays below 1 by more than
     # this many standard errors of it
@@ -191,7 +239,7 @@ class AdaptivePolicy:
         if not self.draft_off or ctx.draft_off_cost is None or ctx.tier_costs is None:
             return StepPlan(draft=True, forecast_scale=scale)
         measured = self.learning.advantage_bound(ctx.request_bucket, self.draft_off_margin)
-        if self.draft_off_rule == "realized" and measured is not None:
+        if self.draft_off_rule in ("realized", "timed") and measured is not None:
             worth_drafting = measured > 1.0
         else:
             _, rate = self.scores(attrs.evolve(ctx, forecast_scale=scale), confidences, caps)
@@ -200,6 +248,8 @@ class AdaptivePolicy:
         if worth_drafting:
             self.learning.off_streak = 0
             self.learning.probe_interval = FIRST_PROBE_INTERVAL
+            if self.draft_off_rule == "timed" and self._reference_due(ctx.request_bucket):
+                return StepPlan(draft=False, reference=True, forecast_scale=scale)
             return StepPlan(draft=True, forecast_scale=scale)
         if self.learning.off_streak >= self.learning.probe_interval:
             self.learning.off_streak = 0
@@ -207,7 +257,32 @@ class AdaptivePolicy:
                 self.learning.probe_interval = min(2 * self.learning.probe_interval, self.max_probe_interval)
             return StepPlan(draft=True, probe=True, forecast_scale=1.0)
         self.learning.off_streak += 1
+        self.learning.on_streak = 0  # references count drafted steps in a row
         return StepPlan(draft=False, forecast_scale=scale)
+
+    def _reference_due(self, bucket: int) -> bool:
+        """Timed rule, while drafting: whether this step is a draft-off reference. Without one now and
+        then, nothing measures what a draft-off step costs at today's contexts and load. The gap
+        doubles while drafting pays clearly (the mean less ``draft_off_margin`` errors above 1) and a
+        reference's loss, (A - 1) / A of a step at a measured advantage A, spread over the gap, is
+        above ``probe_budget``; up to ``max_probe_interval``. Near break-even it starts over, since
+        that is where the comparison decides something. So it does, and a reference comes at once, when the
+        drafted steps since the last reference measure below that reference (and at least the first gap
+        has passed): a draft that stopped paying is then noticed within tens of steps, not hundreds."""
+        learning = self.learning
+        learning.on_streak += 1
+        slipping = (learning.on_streak >= max(FIRST_REFERENCE_INTERVAL, learning.reference_interval // 4)
+                    and learning.drafting_below_off(bucket))
+        if learning.on_streak < learning.reference_interval and not slipping:
+            return False
+        learning.on_streak = 0
+        mean = learning.advantage.get(bucket)
+        low = learning.advantage_bound(bucket, -self.draft_off_margin)
+        if slipping or mean is None or low is None or not low > 1.0:
+            learning.reference_interval = FIRST_REFERENCE_INTERVAL
+        elif (mean - 1.0) / mean / learning.reference_interval > self.probe_budget:
+            learning.reference_interval = min(2 * learning.reference_interval, self.max_probe_interval)
+        return True
 
     def _near_even(self, ctx: TierContext) -> bool:
         """Under the realized rule, drafting measured within one standard error of paying: probes stay
@@ -215,7 +290,7 @@ class AdaptivePolicy:
         step's ratio ranges 0.8-4, so a few failed steps say little). Clearly below (many requests
         average out): the interval grows as under the confidence rule."""
         bound = self.learning.advantage_bound(ctx.request_bucket, 1.0)
-        return self.draft_off_rule == "realized" and bound is not None and bound >= 1.0
+        return self.draft_off_rule in ("realized", "timed") and bound is not None and bound >= 1.0
 
     def _probe_share(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> float:
         """Extra seconds of a probe (the tier the raw confidences pick) over the draft-off seconds
@@ -230,11 +305,19 @@ class AdaptivePolicy:
 
     def observe(self, report: StepReport) -> None:
         """Learn realized / expected drafted tokens, and what drafting bought, from a processed step."""
-        if report.draft_off or report.copy_only or report.fallback or not np.isfinite(report.predicted_tokens):
+        drafted = not (report.draft_off or report.copy_only)
+        if self.draft_off_rule == "timed" and not report.fallback:
+            seconds = report.step_seconds
+            if seconds is not None and seconds > 0 and report.live_requests > 0:
+                # a copy step is the draft-off choice too: its rate is what not drafting bought
+                rate = report.committed_tokens / (report.live_requests * seconds)
+                self.learning.record_timed(report.request_bucket, drafted, rate)
+        if not drafted or report.fallback or not np.isfinite(report.predicted_tokens):
             return  # a copy step says nothing about the draft
-        ratio = _drafting_advantage(report)
-        if ratio is not None:
-            self.learning.record_advantage(report.request_bucket, ratio)
+        if self.draft_off_rule != "timed":
+            ratio = _drafting_advantage(report)
+            if ratio is not None:
+                self.learning.record_advantage(report.request_bucket, ratio)
         raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
         self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
 
@@ -285,8 +368,8 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
         raise ConfigError(f"budget policy 'adaptive': probe_budget must be a number in [0, 1], got {budget!r}")
     rule = options.get("draft_off_rule", DEFAULT_DRAFT_OFF_RULE)
-    if rule not in ("confidence", "realized"):
-        raise ConfigError(f"budget policy 'adaptive': draft_off_rule must be \"confidence\" or \"realized\", got {rule!r}")
+    if rule not in DRAFT_OFF_RULES:
+        raise ConfigError(f"budget policy 'adaptive': draft_off_rule must be one of {list(DRAFT_OFF_RULES)}, got {rule!r}")
     margin = options.get("draft_off_margin", DEFAULT_DRAFT_OFF_MARGIN)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 10:
         raise ConfigError(f"budget policy 'adaptive': draft_off_margin must be a number in [0, 10], got {margin!r}")
