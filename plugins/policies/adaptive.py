@@ -266,9 +266,10 @@ class AdaptivePolicy:
         doubles while drafting pays clearly (the mean less ``draft_off_margin`` errors above 1) and a
         reference's loss, (A - 1) / A of a step at a measured advantage A, spread over the gap, is
         above ``probe_budget``; up to ``max_probe_interval``. Near break-even it starts over, since
-        that is where the comparison decides something. So it does, and a reference comes at once, when the
-        drafted steps since the last reference measure below that reference (and at least the first gap
-        has passed): a draft that stopped paying is then noticed within tens of steps, not hundreds."""
+        that is where the comparison decides something. It also starts over, with a reference at once,
+        when the drafted steps since the last reference measure below it after at least the first gap
+        or a quarter of the current one: a draft that stopped paying is then noticed within tens of
+        steps, not hundreds."""
         learning = self.learning
         learning.on_streak += 1
         slipping = (learning.on_streak >= max(FIRST_REFERENCE_INTERVAL, learning.reference_interval // 4)
