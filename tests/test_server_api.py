@@ -192,6 +192,10 @@ def test_models_health_and_metrics(server):
     assert after["dspark_ready"] == 1.0
     assert after["dspark_queue_depth|state=admitted"] == 0
     assert after["dspark_requests_finished_total|reason=length"] >= 2
+    # every decode step was timed, under one of three kinds
+    timed_steps = sum(after.get(f"dspark_step_seconds_count|kind={k}", 0) - before.get(f"dspark_step_seconds_count|kind={k}", 0)
+                      for k in ("drafted", "draft_off", "copy"))
+    assert timed_steps == after["dspark_decode_steps_total"] - before.get("dspark_decode_steps_total", 0) > 0
 
 
 def test_ready_gating():

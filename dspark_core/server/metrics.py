@@ -70,6 +70,11 @@ class ServerMetrics:
         self.realized = Histogram(f"{p}_step_realized_tokens",
                                   "Tokens per step actually committed (same steps as the forecast)",
                                   buckets=step_buckets, registry=r)
+        # a decode step's device work up to its result copy (StepReport.step_seconds), by what it ran: set
+        # beside the cost table's prices (`table show`), it says whether the table still fits this machine
+        self.step_seconds = Histogram(f"{p}_step_seconds", "Measured seconds of a decode step, by kind",
+                                      ["kind"], buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+                                      registry=r)
         self.queue_depth = Gauge(f"{p}_queue_depth", "Requests in the server by state", ["state"], registry=r)
         self.ready = Gauge(f"{p}_ready", "1 once the cost table is installed and the server accepts requests",
                            registry=r)
@@ -103,6 +108,9 @@ class ServerMetrics:
             self.draft_off.inc()
         if report.copy_only:
             self.copy_steps.inc()
+        if report.step_seconds is not None:
+            kind = "copy" if report.copy_only else "draft_off" if report.draft_off else "drafted"
+            self.step_seconds.labels(kind).observe(report.step_seconds)
         if not math.isnan(report.predicted_tokens):
             self.predicted.observe(report.predicted_tokens)
             self.realized.observe(report.committed_tokens)
