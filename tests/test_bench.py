@@ -183,6 +183,10 @@ def test_ratios_and_their_spread_over_rounds():
     assert adaptive["spread"]["vs_best_fixed"] == pytest.approx({"min": 0.5, "median": 1.0, "max": 2.0})
     assert k1["spread"]["vs_fixed_full_width"] == pytest.approx({"min": 0.25, "median": 0.5, "max": 1.0})
     assert none["spread"]["vs_best_fixed"] == pytest.approx({"min": 0.25, "median": 2.0, "max": 2.0})
+    # against target-only (20, 10, 5 tok/s): adaptive 10 each round, pooled 30 tokens / 1.75 s
+    assert adaptive["vs_target_only"] == pytest.approx(10 / (15 / 1.75))
+    assert adaptive["per_round"]["vs_target_only"] == pytest.approx([0.5, 1.0, 2.0])
+    assert none["spread"]["vs_target_only"] == pytest.approx({"min": 1.0, "median": 1.0, "max": 1.0})
     # model figures: 4 decode tokens per round at 0.5 s modelled; the oracle (read off full width) at 0.25 s
     assert adaptive["model_vs_oracle"] == pytest.approx(0.5)
     assert adaptive["spread"]["model_vs_oracle"]["median"] == pytest.approx(0.5)

@@ -32,7 +32,7 @@ import numpy as np
 from dspark_core.bench.run import CellRecord
 
 # the ratios whose spread over rounds is reported
-RATIOS = ("vs_fixed_full_width", "vs_best_fixed", "model_vs_oracle", "predicted_over_realized")
+RATIOS = ("vs_target_only", "vs_fixed_full_width", "vs_best_fixed", "model_vs_oracle", "predicted_over_realized")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -118,10 +118,12 @@ def add_ratios(rows: list[dict[str, Any]], draft_width: int) -> None:
         same = [r for r in rows if r["concurrency"] == concurrency]
         fixed = [r for r in same if r["policy"].startswith("fixed-k")]
         full = next((r for r in same if r["policy"] == f"fixed-k{draft_width}"), None)
+        target_only = next((r for r in same if r["policy"] == "none"), None)
         best = max(fixed, key=lambda r: r["output_tokens_per_second"], default=None)
         oracle = full["oracle_model_tokens_per_second"] if full else float("nan")
         for r in same:
             tps = r["output_tokens_per_second"]
+            r["vs_target_only"] = _divide(tps, target_only["output_tokens_per_second"]) if target_only else float("nan")
             r["vs_fixed_full_width"] = _divide(tps, full["output_tokens_per_second"]) if full else float("nan")
             r["vs_best_fixed"] = _divide(tps, best["output_tokens_per_second"]) if best else float("nan")
             r["best_fixed"] = best["policy"] if best else None
@@ -129,6 +131,7 @@ def add_ratios(rows: list[dict[str, Any]], draft_width: int) -> None:
             n = len(r.get("per_round", {}).get("output_tokens_per_second") or [tps])
             mine = _per_round(r, "output_tokens_per_second", n)
             per_round = {
+                "vs_target_only": list(map(_divide, mine, _per_round(target_only, "output_tokens_per_second", n))),
                 "vs_fixed_full_width": list(map(_divide, mine, _per_round(full, "output_tokens_per_second", n))),
                 "vs_best_fixed": list(map(_divide, mine, _per_round(best, "output_tokens_per_second", n))),
                 "model_vs_oracle": list(map(_divide, _per_round(r, "model_tokens_per_second", n),
@@ -167,6 +170,7 @@ COLUMNS = [("policy", "policy", "{}"), ("c", "concurrency", "{}"), ("tok/s", "ou
            ("fallback", "fallback_rate", "{:.2f}"), ("draft off", "draft_off_rate", "{:.2f}"),
            ("copy steps", "copy_step_rate", "{:.2f}"), ("pred/real", "predicted_over_realized", "{:.2f}"),
            ("drafted step ms", "drafted_step_ms", "{:.1f}"), ("draft-off step ms", "draft_off_step_ms", "{:.1f}"),
+           ("vs target-only", "vs_target_only", "{:.2f}x"), ("vs target-only min/med/max", "vs_target_only", None),
            ("vs full", "vs_fixed_full_width", "{:.2f}x"), ("vs full min/med/max", "vs_fixed_full_width", None),
            ("vs best fixed", "vs_best_fixed", "{:.2f}x"), ("vs best min/med/max", "vs_best_fixed", None),
            ("model tok/s", "model_tokens_per_second", "{:.1f}"),
