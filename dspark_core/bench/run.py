@@ -124,8 +124,8 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
             cell.forecast_committed += report.committed_tokens
             cell.forecast_steps += 1
         if report.step_seconds is not None:
-            off = report.draft_off or report.copy_only or not cell.uses_draft
-            (cell.off_step_seconds if off else cell.drafted_step_seconds).append(report.step_seconds)
+            drafted = report.drafted and cell.uses_draft
+            (cell.drafted_step_seconds if drafted else cell.off_step_seconds).append(report.step_seconds)
         model = step_model_cost(report)
         oracle = smallest_tier_cost(report, report.request_bucket + sum(report.accepted))
         if model is not None and oracle is not None:

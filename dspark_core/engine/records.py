@@ -55,6 +55,11 @@ class StepReport:
     # while serving, contention included; a prefill is a job of its own and is not in it.
     step_seconds: float | None = None
 
+    @property
+    def drafted(self) -> bool:
+        """Whether the draft proposed this step's block: False for a draft-off step and a copy step."""
+        return not (self.draft_off or self.copy_only)
+
 
 @define
 class StartupWork:

@@ -109,7 +109,7 @@ class ServerMetrics:
         if report.copy_only:
             self.copy_steps.inc()
         if report.step_seconds is not None:
-            kind = "copy" if report.copy_only else "draft_off" if report.draft_off else "drafted"
+            kind = "drafted" if report.drafted else "copy" if report.copy_only else "draft_off"
             self.step_seconds.labels(kind).observe(report.step_seconds)
         if not math.isnan(report.predicted_tokens):
             self.predicted.observe(report.predicted_tokens)

@@ -306,7 +306,7 @@ class AdaptivePolicy:
 
     def observe(self, report: StepReport) -> None:
         """Learn realized / expected drafted tokens, and what drafting bought, from a processed step."""
-        drafted = not (report.draft_off or report.copy_only)
+        drafted = report.drafted
         if self.draft_off_rule == "timed" and not report.fallback:
             seconds = report.step_seconds
             if seconds is not None and seconds > 0 and report.live_requests > 0:
