@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from attrs import define, field
 
@@ -160,9 +161,7 @@ def build_engine(launch: Launch) -> Engine:
         draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=getattr(torch, launch.draft_dtype))
         if config.adaptive and draft.confidence_head is None:
             raise ConfigError(f"draft_model {launch.draft_path}: adaptive DSpark needs a draft with a confidence head")
-    graphs = None
-    if config.enable_graph:
-        graphs = launch.hooks.graph_backend(graph_backend_name(launch), launch.device)
+    graphs = _graphs(launch)
     engine_config = EngineConfig(
         draft_width=max(launch.geometry.draft_width, 1), policy=launch.policy, policy_options=launch.policy_options,
         request_buckets=launch.geometry.request_buckets, max_model_len=config.max_model_len,
@@ -181,6 +180,33 @@ def build_engine(launch: Launch) -> Engine:
         launch.fingerprint = fingerprint_launch(launch)
         _check_table_or_plan(launch, engine)
     return engine
+
+
+def _graphs(launch: Launch) -> Any:
+    """A new graph backend of the launch's kind (None without ``--enable_graph``)."""
+    if not launch.config.enable_graph:
+        return None
+    return launch.hooks.graph_backend(graph_backend_name(launch), launch.device)
+
+
+def sibling_engine(engine: Engine, launch: Launch, *, with_draft: bool, overlap: bool) -> Engine:
+    """Another ready engine of ``launch`` beside ``engine``: the same target weights, hooks, geometry
+    and installed cost table, but its own KV cache, graph buffers and (``with_draft``) its own draft
+    instance, since a draft keeps the context cache of the engine it serves. Used to run policies side
+    by side in turns (``dspark-core bench --interleave``); warmed before it is returned."""
+    from dspark_core.models.speculators_io import load_draft
+
+    draft = None
+    if with_draft and launch.draft_path is not None:
+        draft = load_draft(launch.draft_path, device=launch.device.torch_device, dtype=getattr(torch, launch.draft_dtype))
+    config = engine.config if draft is not None else attrs.evolve(engine.config, policy="none", policy_options={})
+    sibling = Engine(engine.runner.target, draft, attrs.evolve(config, schedule_overlap=overlap), hooks=engine.hooks,
+                     geometry=engine.geometry, graphs=_graphs(launch))
+    if not launch.config.disable_graph_warmup:
+        sibling.warmup()
+    sibling.install_table(engine.table)
+    sibling.mark_ready()
+    return sibling
 
 
 def _check_table_or_plan(launch: Launch, engine: Engine) -> None:

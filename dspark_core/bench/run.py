@@ -102,19 +102,55 @@ def step_model_cost(report: StepReport) -> float | None:
     return smallest_tier_cost(report, report.target_rows)
 
 
-def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int, max_tokens: int,
-             cell: CellRecord, copies: bool | None = None) -> None:
-    """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``.
-    ``copies`` True/False turns the engine's copy proposals on/off first (None: as they are)."""
-    engine.set_policy(policy)
-    if copies is not None:
-        engine.set_copy_proposals(copies)
-    cell.uses_draft = bool(getattr(policy, "uses_draft", True))
-    params = SamplingParams(max_tokens=max_tokens)
-    pending = list(indices)
-    live: dict[str, tuple[Any, RequestRecord]] = {}
+class ClosedLoop:
+    """One cell's closed loop of requests on one engine: at most ``concurrency`` in flight, the next
+    prompt admitted as soon as one finishes. The caller steps the engine and says what time it is
+    (the wall clock, or a clock that only runs during this engine's own steps)."""
 
-    def observe(report: StepReport) -> None:
+    def __init__(self, engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int,
+                 max_tokens: int, cell: CellRecord, copies: bool | None = None) -> None:
+        engine.set_policy(policy)
+        if copies is not None:
+            engine.set_copy_proposals(copies)
+        cell.uses_draft = bool(getattr(policy, "uses_draft", True))
+        self.engine, self.prompts, self.concurrency, self.cell = engine, prompts, concurrency, cell
+        self.params = SamplingParams(max_tokens=max_tokens)
+        self.pending = list(indices)
+        self.live: dict[str, tuple[Any, RequestRecord]] = {}
+        engine.add_observer(self.observe)
+
+    @property
+    def done(self) -> bool:
+        return not (self.pending or self.live)
+
+    def admit(self, now: float) -> None:
+        """Queue prompts until ``concurrency`` requests are in flight (submitted at ``now``)."""
+        while self.pending and len(self.live) < self.concurrency:
+            index = self.pending.pop(0)
+            request = self.engine.add_request(self.prompts[index], self.params)
+            self.live[request.request_id] = (request, RequestRecord(index, now))
+
+    def collect(self, finished: Sequence[Any], now: float) -> None:
+        """Stamp first tokens and finished requests of the step that ended at ``now``."""
+        by_id = {o.request_id: o for o in finished}
+        for request_id, (request, record) in list(self.live.items()):
+            if record.first_token is None and request.output:
+                record.first_token = now
+            output = by_id.get(request_id)
+            if output is not None:
+                record.finished = now
+                record.first_token = record.first_token or now
+                record.token_ids = output.token_ids
+                record.verified = request.stats.drafted_verified
+                record.accepted = request.stats.drafted_accepted
+                record.steps = request.stats.steps
+                record.verify_widths = list(request.stats.verify_widths)
+                self.cell.requests.append(record)
+                del self.live[request_id]
+
+    def observe(self, report: StepReport) -> None:
+        """The engine's observer: count the step and price it by the table."""
+        cell = self.cell
         cell.steps += 1
         cell.fallback_steps += int(report.fallback)
         cell.draft_off_steps += int(report.draft_off)
@@ -133,32 +169,23 @@ def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], con
             cell.oracle_seconds += oracle
             cell.model_steps_covered += 1
 
-    engine.add_observer(observe)
+    def close(self) -> None:
+        self.engine.remove_observer(self.observe)
+
+
+def run_cell(engine, policy, prompts: Sequence[Any], indices: Sequence[int], concurrency: int, max_tokens: int,
+             cell: CellRecord, copies: bool | None = None) -> None:
+    """Decode ``prompts[i] for i in indices`` with at most ``concurrency`` in flight; append to ``cell``.
+    ``copies`` True/False turns the engine's copy proposals on/off first (None: as they are)."""
+    loop = ClosedLoop(engine, policy, prompts, indices, concurrency, max_tokens, cell, copies)
     started = time.perf_counter()
     try:
-        while pending or live:
-            while pending and len(live) < concurrency:
-                index = pending.pop(0)
-                request = engine.add_request(prompts[index], params)
-                live[request.request_id] = (request, RequestRecord(index, time.perf_counter()))
-            finished = {o.request_id: o for o in engine.step()}
-            now = time.perf_counter()
-            for request_id, (request, record) in list(live.items()):
-                if record.first_token is None and request.output:
-                    record.first_token = now
-                output = finished.get(request_id)
-                if output is not None:
-                    record.finished = now
-                    record.first_token = record.first_token or now
-                    record.token_ids = output.token_ids
-                    record.verified = request.stats.drafted_verified
-                    record.accepted = request.stats.drafted_accepted
-                    record.steps = request.stats.steps
-                    record.verify_widths = list(request.stats.verify_widths)
-                    cell.requests.append(record)
-                    del live[request_id]
+        while not loop.done:
+            loop.admit(time.perf_counter())
+            finished = engine.step()
+            loop.collect(finished, time.perf_counter())
     finally:
-        engine.remove_observer(observe)
+        loop.close()
     cell.wall_seconds += time.perf_counter() - started
 
 

@@ -74,11 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Draft compute dtype of the in-process engine, as for `serve`.")
     parser.add_argument("--batch_invariant", default="auto", choices=["auto", "on", "off"],
                         help="Batch-invariant target forwards of the in-process engine, as for `serve`.")
+    parser.add_argument("--interleave", action="store_true",
+                        help="Give every policy an engine of its own (same weights and cost table, its own KV cache: "
+                             "memory grows with the policy count) and step the engines in turns, one decode step each, "
+                             "so machine noise falls on all policies alike; each policy's times run on its own clock. "
+                             "Without schedule overlap: it ranks policies, the default mode measures the served "
+                             "setting (in-process mode).")
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
 
-def _engine(args: argparse.Namespace):
+def _engine(args: argparse.Namespace, launches: list | None = None):
+    """The calibrated in-process engine of the bench's flags (its launch appended to ``launches``)."""
     from dspark_core.calibration.install import bring_up
     from dspark_core.config import parse_serve_args
     from dspark_core.startup import build_engine, resolve_launch
@@ -100,9 +107,29 @@ def _engine(args: argparse.Namespace):
     flags.append(f"--adaptive_dspark_cost_table={args.cost_table}" if args.cost_table
                  else f"--adaptive_dspark_calibration={calibration}")
     launch = resolve_launch(parse_serve_args(flags))
+    if launches is not None:
+        launches.append(launch)
     engine = build_engine(launch)
     bring_up(engine, launch, progress=not args.json)
     return engine
+
+
+def interleaved_engines(engine, launch, policies: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """One engine per policy label for ``--interleave``, all without schedule overlap: ``engine`` itself
+    (its queue made synchronous) for the first label, a warmed sibling sharing its weights and table
+    for every other one."""
+    from tqdm import tqdm
+
+    from dspark_core.engine.pipeline import DeviceQueue
+    from dspark_core.startup import sibling_engine
+
+    labels = list(policies)
+    engine.replace_queue(DeviceQueue(overlap=False))
+    engines = {labels[0]: engine}
+    for label in tqdm(labels[1:], desc="engines", unit="engine", disable=not progress):
+        engines[label] = sibling_engine(engine, launch, with_draft=bool(getattr(policies[label], "uses_draft", True)),
+                                        overlap=False)
+    return engines
 
 
 def parse_variants(text: str, option: str = "--policy_variants") -> dict[str, tuple[str, dict]]:
@@ -200,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
         if args.copy_proposals != "auto":
             raise ConfigError("--copy_proposals needs the in-process engine; a server proposes as it was launched (drop --url)")
+        if getattr(args, "interleave", False):
+            raise ConfigError("--interleave needs the in-process engine; a server runs one policy (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
         from dspark_core.plugins import default_hooks
@@ -207,14 +236,27 @@ def run(args: argparse.Namespace) -> int:
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         variants = parse_variants(args.policy_variants)
         _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
-        engine = _engine(args)
+        launches: list = []
+        engine = _engine(args, launches)
         policies = _policies(engine.hooks, names, width, variants)
         copies = with_and_without_copies(policies) if args.copy_proposals == "both" else None
-        total = len(policies) * args.rounds * len(args.concurrency)
-        bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
-        cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
-                              args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
-                              warmup=engine.hooks.budget_policy("none", {}), copies=copies)
+        warmup = engine.hooks.budget_policy("none", {})
+        if getattr(args, "interleave", False):
+            from dspark_core.bench.interleave import run_interleaved
+
+            engines = interleaved_engines(engine, launches[0], policies, progress=not args.json)
+            bar = tqdm(total=args.rounds * len(args.concurrency), desc="bench", unit="round", disable=args.json)
+            cells = run_interleaved(engines, policies, prompts, args.concurrency, args.prompts_per_concurrency,
+                                    args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
+                                    warmup=warmup, copies=copies)
+            for other in engines.values():
+                other.close()
+        else:
+            total = len(policies) * args.rounds * len(args.concurrency)
+            bar = tqdm(total=total, desc="bench", unit="run", disable=args.json)
+            cells = run_benchmark(engine, policies, prompts, args.concurrency, args.prompts_per_concurrency,
+                                  args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
+                                  warmup=warmup, copies=copies)
         bar.close()
         engine.close()
         priced_by = engine.table
@@ -226,7 +268,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     table = markdown(rows)
-    (out / "results.md").write_text(f"# dspark-core bench (K={width})\n\n{table}\nExactness: {result['exactness']}\n")
+    mode = ("\nInterleaved: one engine per policy, stepping in turns, without schedule overlap; each policy's "
+            "times on its own clock.\n" if getattr(args, "interleave", False) else "")
+    (out / "results.md").write_text(f"# dspark-core bench (K={width})\n{mode}\n{table}\nExactness: {result['exactness']}\n")
     plot(rows, out / "throughput_tpot.png", f"dspark-core bench, K={width}")
     if priced_by is not None:
         from dspark_core.table import dumps_table
