@@ -146,3 +146,20 @@ def test_bench_interleave_end_to_end(tmp_path, capsys):
 def test_interleave_needs_the_in_process_engine(capsys):
     assert main(["bench", "--url=http://127.0.0.1:9", "--interleave"]) == 2
     assert "--interleave needs the in-process engine" in capsys.readouterr().err
+
+
+def test_interleave_refuses_engines_that_would_not_fit(monkeypatch):
+    from dspark_core.commands import bench
+    from dspark_core.errors import ConfigError
+
+    target, draft = tiny_pair()
+    engine = engine_for(target, draft, "fixed", {"k": 2})
+    each = bench.cache_bytes(engine)
+    assert each == 2 * engine.runner.target_cache.keys.nbytes > 0
+    monkeypatch.setattr(bench, "free_bytes", lambda device: int(3.5 * each))
+    bench.check_room_for_engines(engine, 3)  # 3 caches in 3.5 caches' room: fits
+    with pytest.raises(ConfigError, match=r"--interleave: 4 more engines need .* GiB of KV cache"):
+        bench.check_room_for_engines(engine, 4)
+    monkeypatch.setattr(bench, "free_bytes", lambda device: None)  # unknown: no check
+    bench.check_room_for_engines(engine, 100)
+    engine.close()

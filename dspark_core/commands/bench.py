@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dspark_core.commands import positive_ints
 from dspark_core.errors import ConfigError, DSparkError
 
@@ -124,12 +126,44 @@ def interleaved_engines(engine, launch, policies: dict[str, Any], progress: bool
     from dspark_core.startup import sibling_engine
 
     labels = list(policies)
+    check_room_for_engines(engine, len(labels) - 1)
     engine.replace_queue(DeviceQueue(overlap=False))
     engines = {labels[0]: engine}
     for label in tqdm(labels[1:], desc="engines", unit="engine", disable=not progress):
         engines[label] = sibling_engine(engine, launch, with_draft=bool(getattr(policies[label], "uses_draft", True)),
                                         overlap=False)
     return engines
+
+
+def cache_bytes(engine) -> int:
+    """Bytes of the engine's target KV cache (0 when its layout is not keys/values tensors)."""
+    cache = engine.runner.target_cache
+    return sum(int(t.nbytes) for t in (getattr(cache, "keys", None), getattr(cache, "values", None))
+               if isinstance(t, torch.Tensor))
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory still free where ``device``'s tensors live (None when it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_room_for_engines(engine, extra: int) -> None:
+    """Refuse ``--interleave`` before building anything when ``extra`` more KV caches of ``engine``'s size
+    would not fit in the memory left (each policy past the first needs an engine of its own)."""
+    need = extra * cache_bytes(engine)
+    free = free_bytes(engine.runner.target_cache.keys.device) if need else None
+    if free is not None and need > 0.9 * free:
+        gib = 2.0**30
+        raise ConfigError(f"--interleave: {extra} more engines need {need / gib:.1f} GiB of KV cache "
+                          f"({cache_bytes(engine) / gib:.1f} GiB each), {free / gib:.1f} GiB is free; "
+                          "run fewer policies or lower --max_seqs_per_batch")
 
 
 def parse_variants(text: str, option: str = "--policy_variants") -> dict[str, tuple[str, dict]]:
