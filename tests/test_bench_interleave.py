@@ -163,3 +163,21 @@ def test_interleave_refuses_engines_that_would_not_fit(monkeypatch):
     monkeypatch.setattr(bench, "free_bytes", lambda device: None)  # unknown: no check
     bench.check_room_for_engines(engine, 100)
     engine.close()
+
+
+def test_bench_interleave_refuses_before_calibrating_when_engines_would_not_fit(tmp_path, capsys, monkeypatch):
+    import dspark_core.calibration.install as install
+    from dspark_core.commands import bench
+
+    target, draft = write_tiny_pair(tmp_path)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(CALIBRATION))
+    monkeypatch.setattr(bench, "free_bytes", lambda device: 1)
+    calibrated = []
+    monkeypatch.setattr(install, "bring_up", lambda *args, **kwargs: calibrated.append(args))
+    code = main(["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5", "--device=cpu",
+                 "--interleave", "--policies=none,adaptive,fixed-k2", "--copy_proposals=both",
+                 "--max_seqs_per_batch=4", f"--calibration={cal}", f"--output_dir={tmp_path / 'out'}"])
+    assert code == 2 and not calibrated and not (tmp_path / "out").exists()
+    # target-only, then adaptive and fixed-k2 with and without copies: four engines past the first
+    assert "dspark-core bench: error: --interleave: 4 more engines need" in capsys.readouterr().err

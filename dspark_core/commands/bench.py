@@ -86,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
 
-def _engine(args: argparse.Namespace, launches: list | None = None):
-    """The calibrated in-process engine of the bench's flags (its launch appended to ``launches``)."""
+def _engine(args: argparse.Namespace, launches: list | None = None, extra_engines: int = 0):
+    """The calibrated in-process engine of the bench's flags (its launch appended to ``launches``);
+    with ``extra_engines``, first checks that as many more KV caches fit (``--interleave``)."""
     from dspark_core.calibration.install import bring_up
     from dspark_core.config import parse_serve_args
     from dspark_core.startup import build_engine, resolve_launch
@@ -112,6 +113,8 @@ def _engine(args: argparse.Namespace, launches: list | None = None):
     if launches is not None:
         launches.append(launch)
     engine = build_engine(launch)
+    if extra_engines:
+        check_room_for_engines(engine, extra_engines)  # before minutes of calibration, not after
     bring_up(engine, launch, progress=not args.json)
     return engine
 
@@ -119,14 +122,13 @@ def _engine(args: argparse.Namespace, launches: list | None = None):
 def interleaved_engines(engine, launch, policies: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """One engine per policy label for ``--interleave``, all without schedule overlap: ``engine`` itself
     (its queue made synchronous) for the first label, a warmed sibling sharing its weights and table
-    for every other one."""
+    for every other one (:func:`check_room_for_engines` says beforehand whether they fit)."""
     from tqdm import tqdm
 
     from dspark_core.engine.pipeline import DeviceQueue
     from dspark_core.startup import sibling_engine
 
     labels = list(policies)
-    check_room_for_engines(engine, len(labels) - 1)
     engine.replace_queue(DeviceQueue(overlap=False))
     engines = {labels[0]: engine}
     for label in tqdm(labels[1:], desc="engines", unit="engine", disable=not progress):
@@ -269,13 +271,16 @@ def run(args: argparse.Namespace) -> int:
 
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         variants = parse_variants(args.policy_variants)
-        _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
+        preview = _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
+        if args.copy_proposals == "both":
+            with_and_without_copies(preview)
+        interleave = bool(getattr(args, "interleave", False))
         launches: list = []
-        engine = _engine(args, launches)
+        engine = _engine(args, launches, extra_engines=len(preview) - 1 if interleave else 0)
         policies = _policies(engine.hooks, names, width, variants)
         copies = with_and_without_copies(policies) if args.copy_proposals == "both" else None
         warmup = engine.hooks.budget_policy("none", {})
-        if getattr(args, "interleave", False):
+        if interleave:
             from dspark_core.bench.interleave import run_interleaved
 
             engines = interleaved_engines(engine, launches[0], policies, progress=not args.json)
