@@ -44,7 +44,9 @@ def test_each_policy_is_charged_only_its_own_steps():
                "none": engine_for(target, None, "none", {})}
     policies = {label: engine.policy for label, engine in engines.items()}
     prompts = random_prompts(5, seed=3)
-    cells = run_interleaved(engines, policies, prompts, [2], [5], 8, 2)
+    ended: list[int] = []
+    cells = run_interleaved(engines, policies, prompts, [2], [5], 8, 2, finished=ended.append)
+    assert sum(ended) == 2 * 2 * 5  # every measured request of both policies and both rounds, once
     by_name = {c.policy: c for c in cells}
     slow, plain = by_name["slow-k2"], by_name["none"]
     # both ran at the same time, but each clock only ran during its own engine's steps

@@ -30,13 +30,16 @@ from dspark_core.policy import BudgetPolicy
 def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: Sequence[Any],
                     concurrencies: Sequence[int], prompts_per_concurrency: Sequence[int], max_tokens: int,
                     rounds: int, progress: Callable[[str], None] | None = None,
-                    warmup: BudgetPolicy | None = None, copies: dict[str, bool] | None = None) -> list[CellRecord]:
+                    warmup: BudgetPolicy | None = None, copies: dict[str, bool] | None = None,
+                    finished: Callable[[int], None] | None = None) -> list[CellRecord]:
     """Every policy at every concurrency, each on ``engines[label]``, stepping in turns.
 
     ``engines`` and ``policies`` share their labels; every engine must be built without schedule
     overlap. A round runs every policy once over the same prompts, all at the same time; the
     arguments otherwise mean what they mean for :func:`~dspark_core.bench.run.run_benchmark`, and
     so does the result (one pooled cell per label and concurrency, its rounds inside).
+    ``finished(n)`` hears of every ``n`` measured requests that end (a round lasts minutes: a progress
+    bar can follow requests).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -55,7 +58,8 @@ def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: 
                 run_cell(engines[name], warmup, prompts, indices, concurrency, WARMUP_TOKENS,
                          CellRecord("warmup", concurrency))
         for r in range(rounds):
-            round_cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies)
+            round_cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies,
+                                     finished)
             for name in names:
                 by_name[name].append(round_cells[name])
             if progress is not None:
@@ -66,7 +70,7 @@ def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: 
 
 def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[str], prompts: Sequence[Any],
                indices: list[int], concurrency: int, max_tokens: int,
-               copies: dict[str, bool] | None) -> dict[str, CellRecord]:
+               copies: dict[str, bool] | None, finished: Callable[[int], None] | None) -> dict[str, CellRecord]:
     loops = {name: ClosedLoop(engines[name], policies[name], prompts, indices, concurrency, max_tokens,
                               CellRecord(name, concurrency), None if copies is None else copies[name])
              for name in names}
@@ -80,9 +84,12 @@ def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[st
                     continue
                 loop.admit(clocks[name])
                 started = time.perf_counter()
-                finished = engines[name].step()
+                outputs = engines[name].step()
                 clocks[name] += time.perf_counter() - started
-                loop.collect(finished, clocks[name])
+                before = len(loop.cell.requests)
+                loop.collect(outputs, clocks[name])
+                if finished is not None and len(loop.cell.requests) > before:
+                    finished(len(loop.cell.requests) - before)
             turn += 1
     finally:
         for loop in loops.values():

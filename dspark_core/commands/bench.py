@@ -284,10 +284,12 @@ def run(args: argparse.Namespace) -> int:
             from dspark_core.bench.interleave import run_interleaved
 
             engines = interleaved_engines(engine, launches[0], policies, progress=not args.json)
-            bar = tqdm(total=args.rounds * len(args.concurrency), desc="bench", unit="round", disable=args.json)
+            # a round lasts minutes: the bar counts finished requests of every policy
+            requests = sum(min(count, len(prompts)) for count in args.prompts_per_concurrency)
+            bar = tqdm(total=args.rounds * requests * len(policies), desc="bench", unit="request", disable=args.json)
             cells = run_interleaved(engines, policies, prompts, args.concurrency, args.prompts_per_concurrency,
-                                    args.max_tokens, args.rounds, progress=lambda msg: _advance(bar, msg),
-                                    warmup=warmup, copies=copies)
+                                    args.max_tokens, args.rounds, progress=bar.set_postfix_str,
+                                    warmup=warmup, copies=copies, finished=bar.update)
             for other in engines.values():
                 other.close()
         else:
