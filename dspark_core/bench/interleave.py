@@ -20,10 +20,10 @@ policies, not what overlap buys; the default mode measures the served setting.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dspark_core.bench.run import WARMUP_TOKENS, CellRecord, ClosedLoop, pool, round_order, run_cell
+from dspark_core.bench.run import WARMUP_TOKENS, CellRecord, ClosedLoop, round_order, run_cell, sweep
 from dspark_core.policy import BudgetPolicy
 
 
@@ -41,31 +41,26 @@ def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: 
     ``finished(n)`` hears of every ``n`` measured requests that end (a round lasts minutes: a progress
     bar can follow requests).
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
     if set(engines) != set(policies):
         raise ValueError(f"one engine per policy: engines {sorted(engines)}, policies {sorted(policies)}")
     overlapped = [label for label, engine in engines.items() if engine.queue.depth != 1]
     if overlapped:
         raise ValueError(f"interleaved engines must run without schedule overlap: {overlapped}")
     names = list(policies)
-    cells: list[CellRecord] = []
-    for concurrency, count in zip(concurrencies, prompts_per_concurrency, strict=True):
-        indices = list(range(min(count, len(prompts))))
-        by_name: dict[str, list[CellRecord]] = {name: [] for name in names}
-        if warmup is not None:  # every engine's first prefill of the batch shapes, untimed
+
+    def warm_up(indices: list[int], concurrency: int) -> None:  # every engine's first prefill of the batch shapes
+        if warmup is not None:
             for name in names:
                 run_cell(engines[name], warmup, prompts, indices, concurrency, WARMUP_TOKENS,
                          CellRecord("warmup", concurrency))
-        for r in range(rounds):
-            round_cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies,
-                                     finished)
-            for name in names:
-                by_name[name].append(round_cells[name])
-            if progress is not None:
-                progress(f"c={concurrency} round {r + 1}/{rounds} (interleaved)")
-        cells.extend(pool(name, concurrency, by_name[name]) for name in names)
-    return cells
+
+    def one_round(r: int, indices: list[int], concurrency: int) -> Iterable[tuple[str, CellRecord]]:
+        cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies, finished)
+        if progress is not None:
+            progress(f"c={concurrency} round {r + 1}/{rounds} (interleaved)")
+        return cells.items()
+
+    return sweep(names, len(prompts), concurrencies, prompts_per_concurrency, rounds, warm_up, one_round)
 
 
 def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[str], prompts: Sequence[Any],

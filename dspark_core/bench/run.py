@@ -11,7 +11,7 @@ alike and the spread of a ratio over the rounds shows how noisy it is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -215,22 +215,40 @@ def run_benchmark(engine, policies: dict[str, Any], prompts: Sequence[Any], conc
 
     Returns one pooled cell per (policy, concurrency); its ``rounds`` hold the cell of each round.
     """
+    names = list(policies)
+
+    def warm_up(indices: list[int], concurrency: int) -> None:
+        if warmup is not None:
+            run_cell(engine, warmup, prompts, indices, concurrency, WARMUP_TOKENS, CellRecord("warmup", concurrency))
+
+    def one_round(r: int, indices: list[int], concurrency: int) -> Iterator[tuple[str, CellRecord]]:
+        for name in round_order(names, r, rounds):
+            cell = CellRecord(name, concurrency)
+            run_cell(engine, policies[name], prompts, indices, concurrency, max_tokens, cell,
+                     None if copies is None else copies[name])
+            if progress is not None:
+                progress(f"c={concurrency} round {r + 1}/{rounds} {name}")
+            yield name, cell
+
+    return sweep(names, len(prompts), concurrencies, prompts_per_concurrency, rounds, warm_up, one_round)
+
+
+def sweep(names: Sequence[str], prompt_count: int, concurrencies: Sequence[int], prompts_per_concurrency: Sequence[int],
+          rounds: int, warm_up: Callable[[list[int], int], None],
+          one_round: Callable[[int, list[int], int], Iterable[tuple[str, CellRecord]]]) -> list[CellRecord]:
+    """The shape both bench modes share: at every concurrency, its first prompts (up to the count
+    asked for), ``warm_up(indices, concurrency)`` untimed, then ``rounds`` calls of
+    ``one_round(r, indices, concurrency)``, each giving every policy's ``(name, cell)`` of that round;
+    returns one pooled cell per (name, concurrency)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     cells: list[CellRecord] = []
-    names = list(policies)
     for concurrency, count in zip(concurrencies, prompts_per_concurrency, strict=True):
-        indices = list(range(min(count, len(prompts))))
+        indices = list(range(min(count, prompt_count)))
+        warm_up(indices, concurrency)
         by_name: dict[str, list[CellRecord]] = {name: [] for name in names}
-        if warmup is not None:
-            run_cell(engine, warmup, prompts, indices, concurrency, WARMUP_TOKENS, CellRecord("warmup", concurrency))
         for r in range(rounds):
-            for name in round_order(names, r, rounds):
-                cell = CellRecord(name, concurrency)
-                run_cell(engine, policies[name], prompts, indices, concurrency, max_tokens, cell,
-                         None if copies is None else copies[name])
+            for name, cell in one_round(r, indices, concurrency):
                 by_name[name].append(cell)
-                if progress is not None:
-                    progress(f"c={concurrency} round {r + 1}/{rounds} {name}")
         cells.extend(pool(name, concurrency, by_name[name]) for name in names)
     return cells

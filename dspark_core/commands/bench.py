@@ -159,12 +159,12 @@ def free_bytes(device: torch.device) -> int | None:
 def check_room_for_engines(engine, extra: int) -> None:
     """Refuse ``--interleave`` before building anything when ``extra`` more KV caches of ``engine``'s size
     would not fit in the memory left (each policy past the first needs an engine of its own)."""
-    need = extra * cache_bytes(engine)
-    free = free_bytes(engine.runner.target_cache.keys.device) if need else None
-    if free is not None and need > 0.9 * free:
+    each = cache_bytes(engine)
+    free = free_bytes(engine.runner.target_cache.keys.device) if extra * each else None
+    if free is not None and extra * each > 0.9 * free:
         gib = 2.0**30
-        raise ConfigError(f"--interleave: {extra} more engines need {need / gib:.1f} GiB of KV cache "
-                          f"({cache_bytes(engine) / gib:.1f} GiB each), {free / gib:.1f} GiB is free; "
+        raise ConfigError(f"--interleave: {extra} more engines need {extra * each / gib:.1f} GiB of KV cache "
+                          f"({each / gib:.1f} GiB each), {free / gib:.1f} GiB is free; "
                           "run fewer policies or lower --max_seqs_per_batch")
 
 
@@ -253,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
     prompts = _prompts(args.prompts)
+    interleave = bool(getattr(args, "interleave", False))
     started = time.perf_counter()
     width = args.num_speculative_tokens
     priced_by = None  # the cost table the in-process engine served with
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--policy_variants needs the in-process engine; a server runs its own policy (drop --url)")
         if args.copy_proposals != "auto":
             raise ConfigError("--copy_proposals needs the in-process engine; a server proposes as it was launched (drop --url)")
-        if getattr(args, "interleave", False):
+        if interleave:
             raise ConfigError("--interleave needs the in-process engine; a server runs one policy (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
@@ -274,7 +275,6 @@ def run(args: argparse.Namespace) -> int:
         preview = _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
         if args.copy_proposals == "both":
             with_and_without_copies(preview)
-        interleave = bool(getattr(args, "interleave", False))
         launches: list = []
         engine = _engine(args, launches, extra_engines=len(preview) - 1 if interleave else 0)
         policies = _policies(engine.hooks, names, width, variants)
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     table = markdown(rows)
     mode = ("\nInterleaved: one engine per policy, stepping in turns, without schedule overlap; each policy's "
-            "times on its own clock.\n" if getattr(args, "interleave", False) else "")
+            "times on its own clock.\n" if interleave else "")
     (out / "results.md").write_text(f"# dspark-core bench (K={width})\n{mode}\n{table}\nExactness: {result['exactness']}\n")
     plot(rows, out / "throughput_tpot.png", f"dspark-core bench, K={width}")
     if priced_by is not None:
