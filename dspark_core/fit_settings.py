@@ -99,6 +99,10 @@ def _contexts(values: Iterable[ContextInterval]) -> tuple[ContextInterval, ...]:
     return tuple(values)  # a typed converter (see dspark_core.convert.int_tuple)
 
 
+#: Accepted ``probe_order`` values.
+PROBE_ORDERS = ("interleaved", "sequential")
+
+
 @frozen
 class CalibrationSettings:
     """Every calibration setting, as used for one fit (defaults already resolved)."""
@@ -116,8 +120,14 @@ class CalibrationSettings:
     # also probe one draft-off point (no draft, one row per request) per bucket, so the
     # adaptive policy may skip the draft on steps where drafting does not pay
     draft_off: bool = True
+    # how a bucket's drafting rows share the timed steps (see dspark_core.calibration.probe):
+    # "sequential" (one row count after another) or "interleaved" (they take turns step by
+    # step). Tables saved before the setting existed were probed sequentially.
+    probe_order: str = "sequential"
 
     def __attrs_post_init__(self) -> None:
+        if self.probe_order not in PROBE_ORDERS:
+            raise ConfigError(f"probe_order must be one of {', '.join(PROBE_ORDERS)}, got {self.probe_order!r}")
         if not self.model:
             raise ConfigError("model must name a cost model")
         if self.draft_width < 1:

@@ -19,6 +19,7 @@ GOOD = {
     "windows_per_point": 3,
     "token_seed": 1,
     "draft_off": True,
+    "probe_order": "interleaved",
 }
 
 
@@ -28,6 +29,11 @@ def test_settings_round_trip_with_every_row_form(rows):
     parsed = settings_from_json(data)
     assert unstructure(parsed) == data
     assert settings_from_json(unstructure(parsed)) == parsed
+
+
+def test_settings_saved_before_the_probe_order_existed_read_as_sequential():
+    older = {k: v for k, v in GOOD.items() if k != "probe_order"}
+    assert settings_from_json(older).probe_order == "sequential"  # how those tables were probed
 
 
 def test_rows_mapping_is_available_per_bucket():
@@ -45,6 +51,7 @@ def test_rows_mapping_is_available_per_bucket():
         ({"target_graph_rows": {"one": [1]}}, r"bucket key 'one' is not a positive integer @ \$.target_graph_rows"),
         ({"target_graph_rows": {"8": [8]}}, r"buckets \[8\] that are not in request_buckets"),
         ({"window_steps": 0}, "window_steps must be >= 1"),
+        ({"probe_order": "shuffled"}, "probe_order must be one of interleaved, sequential, got 'shuffled'"),
     ],
 )
 def test_bad_settings_name_the_json_path(change, message):

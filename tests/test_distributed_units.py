@@ -11,7 +11,7 @@ import torch
 from dspark_core.calibration.settings import CalibrationSettings, ContextInterval
 from dspark_core.config import parse_serve_args
 from dspark_core.costs.fingerprint import launch_fingerprint
-from dspark_core.distributed.control import WindowRecorder, decode_prefill, encode_prefill
+from dspark_core.distributed.control import IntervalRecorder, decode_prefill, encode_prefill
 from dspark_core.distributed.group import DistributedError, RankLostError, Timeouts, collective, parse_master_addr
 from dspark_core.distributed.tp import TensorParallelLlama, shard_llama, split_range
 from dspark_core.errors import ConfigError, TableError
@@ -92,16 +92,21 @@ def test_prefill_messages_round_trip():
     assert decode_prefill(encode_prefill(prompts, slots)) == (prompts, slots)
 
 
-def test_worker_windows_cut_like_the_probe():
-    recorder = WindowRecorder()
-    recorder.begin([2, 1, 2, 2])  # bucket 2, warmup 1, windows of 2 steps, 2 windows
+def test_worker_intervals_cut_like_the_probe():
+    recorder = IntervalRecorder()
+    recorder.begin([2, 1, 4])  # bucket 2, warmup 1, 4 timed intervals
     times = []
     for live in [1, 2, 2, 2, 2, 2, 2]:
         recorder.decoded(live)
         if live == 2:
             times.append(recorder._stamps[-1])
     recorder.end()
-    assert recorder.windows == [times[2] - times[0], times[4] - times[2]]
+    assert recorder.intervals == [b - a for a, b in zip(times[:4], times[1:5])]
+    recorder.begin([2, 1, 3])  # a run that came short keeps its positions, padded with zeros
+    for live in [2, 2]:
+        recorder.decoded(live)
+    recorder.end()
+    assert len(recorder.intervals) == 7 and recorder.intervals[5:] == [0.0, 0.0] and recorder.intervals[4] > 0
 
 
 def test_master_addr_and_timeouts_are_checked(monkeypatch):

@@ -179,9 +179,9 @@ def test_two_rank_serve_command(tmp_path):
     assert "calibrating" not in logs[1]
     # the worker timed exactly the windows rank 0 announced (the unannounced warm pass is not timed)
     combined = [json.loads(line) for line in logs[0].splitlines()
-                if line.startswith("{") and "calibration windows combined" in line]
-    assert len(combined) == 1 and combined[0]["windows"] > 0
-    assert "calibration windows differ" not in logs[1]
+                if line.startswith("{") and "calibration intervals combined" in line]
+    assert len(combined) == 1 and combined[0]["intervals"] > 0
+    assert "calibration intervals differ" not in logs[1]
 
 
 def test_metrics_count_serving_steps_not_calibration(served):

@@ -29,6 +29,8 @@ DEFAULT_MODEL = "additive"
 DEFAULT_PREFILL = 2048
 DEFAULT_MAX_KV = 4096
 DEFAULT_STEPS = {"warmup_steps": 8, "window_steps": 32, "windows_per_point": 3, "token_seed": 1}
+#: A bucket's rows take turns step by step, so slow drift of a shared machine cannot pass for a slope.
+DEFAULT_PROBE_ORDER = "interleaved"
 
 
 @frozen
@@ -45,6 +47,7 @@ class CalibrationFile:
     windows_per_point: int | None = None
     token_seed: int | None = None
     draft_off: bool | None = None
+    probe_order: str | None = None
 
 
 @frozen
@@ -174,7 +177,8 @@ def resolve_plan(draft_width: int, geometry: Geometry, kv_limit: int, file: Cali
     if "draft_width" in given and given["draft_width"] != draft_width:
         raise ConfigError(f"calibration draft_width {given['draft_width']} does not match "
                           f"num_speculative_tokens={draft_width}")
-    values: dict[str, Any] = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "draft_off": True, "request_buckets": geometry.request_buckets,
+    values: dict[str, Any] = {"model": DEFAULT_MODEL, **DEFAULT_STEPS, "draft_off": True, "probe_order": DEFAULT_PROBE_ORDER,
+              "request_buckets": geometry.request_buckets,
               "contexts": (ContextInterval(1, 1, 1),)}  # placeholder until the progress is known
     values.update(given)
     values["draft_width"] = draft_width

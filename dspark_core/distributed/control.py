@@ -236,30 +236,29 @@ class Heartbeat:
 
 # -- workers ---------------------------------------------------------------------------
 
-class WindowRecorder:
-    """A worker's view of calibration: completion times of the probe point's decode steps,
-    cut into windows exactly as rank 0's probe cuts its own."""
+class IntervalRecorder:
+    """A worker's view of calibration: the timed decode intervals of each announced run,
+    cut exactly as rank 0's probe cuts its own (rank 0 labels and windows them)."""
 
     def __init__(self) -> None:
-        self.windows: list[float] = []
-        self._point: list[int] | None = None
+        self.intervals: list[float] = []
+        self._run: list[int] | None = None
         self._stamps: list[float] = []
 
     def begin(self, payload: list[int]) -> None:
-        self._point, self._stamps = payload, []
+        self._run, self._stamps = payload, []
 
     def decoded(self, live: int) -> None:
-        if self._point is not None and live == self._point[0]:
+        if self._run is not None and live == self._run[0]:
             self._stamps.append(time.perf_counter())
 
     def end(self) -> None:
-        assert self._point is not None, "calibration point end without a beginning"
-        _, warmup, window, count = self._point
-        for w in range(count):
-            start, stop = warmup - 1 + w * window, warmup - 1 + (w + 1) * window
-            ok = stop < len(self._stamps)
-            self.windows.append(self._stamps[stop] - self._stamps[start] if ok else 0.0)
-        self._point = None
+        assert self._run is not None, "calibration run end without a beginning"
+        _, warmup, timed = self._run
+        stamps = self._stamps[warmup - 1 : warmup + timed]
+        found = [b - a for a, b in zip(stamps, stamps[1:])]
+        self.intervals += found + [0.0] * (timed - len(found))  # a short run keeps the positions aligned
+        self._run = None
 
 
 def replay_prefill(engine, payload: list[int]) -> None:
@@ -284,7 +283,7 @@ def replay_decode(engine, group: RankGroup, payload: list[int]) -> int:
     return live
 
 
-def follow(engine, channel: Channel, stop_kinds: frozenset[int], recorder: WindowRecorder | None = None) -> tuple[int, list[int]]:
+def follow(engine, channel: Channel, stop_kinds: frozenset[int], recorder: IntervalRecorder | None = None) -> tuple[int, list[int]]:
     """Replay rank 0's jobs until a message of ``stop_kinds`` arrives; returns it."""
     group = channel.group
     while True:

@@ -24,17 +24,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import attrs
 import torch
 import torch.distributed as dist
 
 from dspark_core.audit import get_logger
 from dspark_core.calibration.install import StartupRuntime, _audit, fit_stage, install_stage
-from dspark_core.calibration.plan import CalibrationPlan, ProbePoint
-from dspark_core.calibration.probe import run_probes
+from dspark_core.calibration.plan import CalibrationPlan
+from dspark_core.calibration.probe import Run, run_probes
 from dspark_core.costs.base import CostSample
 from dspark_core.costs.fingerprint import Fingerprint, compare
-from dspark_core.distributed.control import CALIBRATED, POINT_BEGIN, POINT_END, Channel, WindowRecorder, follow
+from dspark_core.distributed.control import CALIBRATED, POINT_BEGIN, POINT_END, Channel, IntervalRecorder, follow
 from dspark_core.distributed.group import DistributedError, RankGroup, collective
 from dspark_core.table import CostTable, dumps_table, loads_table, save_table
 
@@ -66,40 +65,43 @@ def check_same_launch(group: RankGroup, fingerprint: Fingerprint) -> None:
                                + "\n  ".join(problems))
 
 
-def _window_seconds(group: RankGroup, seconds: list[float], count: int) -> list[float]:
-    """All-reduce MAX of every window's seconds; a worker pads or cuts its list to rank 0's ``count``."""
+def _interval_seconds(group: RankGroup, seconds: list[float], count: int) -> list[float]:
+    """All-reduce MAX of every timed interval's seconds (a step costs what its slowest rank took);
+    a worker pads or cuts its list to rank 0's ``count``."""
     if len(seconds) != count:
-        log.warning("calibration windows differ from rank 0's", rank=group.rank, windows=len(seconds), rank0_windows=count)
+        log.warning("calibration intervals differ from rank 0's", rank=group.rank, intervals=len(seconds), rank0_intervals=count)
     data = torch.tensor((list(seconds) + [0.0] * count)[:count], dtype=torch.float64)
-    with collective("combining calibration windows", group.rank):
+    with collective("combining calibration intervals", group.rank):
         dist.all_reduce(data, op=dist.ReduceOp.MAX, group=group.control_group)
     return data.tolist()
 
 
 def calibrate_rank0(engine, plan: CalibrationPlan, channel: Channel, *, progress: bool = False) -> list[CostSample]:
-    """Rank 0's probes (:func:`run_probes`), each recorded point announced so the workers can time it;
-    windows combined by MAX."""
+    """Rank 0's probes (:func:`run_probes`), each recorded run announced so the workers can time it;
+    every timed interval combined by MAX before windows are cut."""
     settings = plan.settings
     warmup = max(settings.warmup_steps, 1)  # as the probe counts it
 
     @contextmanager
-    def announce(point: ProbePoint) -> Iterator[None]:
-        channel.send(POINT_BEGIN, [point.request_bucket, warmup, settings.window_steps, settings.windows_per_point])
+    def announce(run: Run) -> Iterator[None]:
+        channel.send(POINT_BEGIN, [run.request_bucket, warmup, settings.window_steps * settings.windows_per_point])
         yield
         channel.send(POINT_END)
 
-    samples = run_probes(engine, plan, progress=progress, announce=announce)
-    channel.send(CALIBRATED, [len(samples)])
-    combined = _window_seconds(channel.group, [s.seconds for s in samples], len(samples))
-    slower = sum(1 for s, c in zip(samples, combined) if c > s.seconds)
-    log.info("calibration windows combined across ranks", windows=len(samples), slower_elsewhere=slower)
-    return [attrs.evolve(s, seconds=c) for s, c in zip(samples, combined)]
+    def combine(seconds: list[float]) -> list[float]:
+        channel.send(CALIBRATED, [len(seconds)])
+        combined = _interval_seconds(channel.group, seconds, len(seconds))
+        slower = sum(1 for s, c in zip(seconds, combined) if c > s)
+        log.info("calibration intervals combined across ranks", intervals=len(seconds), slower_elsewhere=slower)
+        return combined
+
+    return run_probes(engine, plan, progress=progress, announce=announce, combine=combine)
 
 
 def calibrate_worker(engine, channel: Channel) -> None:
-    recorder = WindowRecorder()
+    recorder = IntervalRecorder()
     _, payload = follow(engine, channel, frozenset({CALIBRATED}), recorder)
-    _window_seconds(channel.group, recorder.windows, payload[0])
+    _interval_seconds(channel.group, recorder.intervals, payload[0])
     engine.reset_counters()
 
 
