@@ -119,3 +119,20 @@ def test_interleaving_keeps_drift_out_of_the_row_costs(tmp_path, checkpoints):
     assert sequential[6] - sequential[1] > 0.03
     # taking turns, every row count sees the same drift
     assert spread(interleaved) < 0.012 and spread(interleaved) < spread(sequential) / 3
+
+
+def test_the_slope_script_reads_a_table_s_measurements_and_prices(tmp_path):
+    from script_support import load_script
+
+    slopes = load_script("table_slopes").slopes
+    rows = [1, 2, 3, 4, 5, 6, 7, 8]
+    measurements = [{"request_bucket": 1, "target_rows": g, "step_seconds": 0.080 + 0.002 * g, "windows": 2,
+                     "draft_off": False} for g in rows]
+    measurements.append({"request_bucket": 1, "target_rows": 1, "step_seconds": 0.5, "windows": 2, "draft_off": True})
+    table = {"fits": [{"params": {"bias_seconds": 0.08, "request_buckets": [1], "alpha_seconds": [0.0],
+                                  "target_rows": rows, "theta_seconds": [0.0, 0.0, 0.001, 0.004, 0.005, 0.006, 0.010, 0.012]},
+                       "measurements": measurements}]}
+    (tmp_path / "cost-table.json").write_text(json.dumps(table))
+    got = slopes(tmp_path)["1"]  # the draft-off point (0.5 s) is left out
+    assert got["ms_per_row"] == pytest.approx(2.0)
+    assert (got["priced_first_ms"], got["priced_last_ms"]) == (pytest.approx(80.0), pytest.approx(92.0))
