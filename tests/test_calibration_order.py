@@ -136,3 +136,27 @@ def test_the_slope_script_reads_a_table_s_measurements_and_prices(tmp_path):
     got = slopes(tmp_path)["1"]  # the draft-off point (0.5 s) is left out
     assert got["ms_per_row"] == pytest.approx(2.0)
     assert (got["priced_first_ms"], got["priced_last_ms"]) == (pytest.approx(80.0), pytest.approx(92.0))
+
+
+def test_rows_that_came_short_get_a_top_up_run_of_their_own(tmp_path):
+    from dspark_core.calibration.probe import probe_runs
+
+    plan = plan_for(tmp_path, window_steps=2, windows_per_point=2)
+    run = Run(1, (1, 4, 8), 0, 8)
+    calls = []
+
+    def timed_run(run: Run, policy, index: int) -> list[TimedStep]:
+        calls.append(run.rows)
+        # what the policy asks for, except that the first run's first step is lost (as when an
+        # admission step of the same bucket takes a turn of the order): one row gets one step less
+        rows = [policy.order(policy.cursor + k) for k in range(4)]
+        policy.cursor += 4
+        if len(calls) == 1:
+            rows = rows[1:]
+        return [TimedStep(index, 1, g, 0, False, 0.1) for g in rows]
+
+    steps = probe_runs(plan, run, 3, 5, timed_run)
+    assert calls[:3] == [(1, 4, 8)] * 3 and len(calls) == 4 and len(calls[3]) == 1  # one top-up, for the short row
+    counts = {g: sum(1 for s in steps if s.target_rows == g) for g in (1, 4, 8)}
+    assert min(counts.values()) >= 4 and all(s.run == 5 for s in steps)
+    assert len(cut_windows(steps, 2, 2)) == 3 * 2

@@ -203,7 +203,7 @@ def cut_windows(steps: Sequence[TimedStep], window_steps: int, windows_per_point
     return samples
 
 
-def probe_runs(engine, plan: CalibrationPlan, run: Run, runs: int, generator: torch.Generator, first_index: int,
+def probe_runs(plan: CalibrationPlan, run: Run, runs: int, first_index: int,
                timed_run: Callable[[Run, ForcedTiers, int], list[TimedStep]]) -> list[TimedStep]:
     """Every run of one group; interleaved rows that came short get top-up runs of their own.
 
@@ -257,7 +257,7 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
 
     steps: list[TimedStep] = []
     for index, (run, runs) in enumerate(groups):
-        steps += probe_runs(engine, plan, run, runs, generator, index, timed_run)
+        steps += probe_runs(plan, run, runs, index, timed_run)
     bar.close()
     seconds = combine([s.seconds for s in steps])
     steps = [attrs.evolve(s, seconds=x) for s, x in zip(steps, seconds)]
