@@ -158,5 +158,5 @@ def test_rows_that_came_short_get_a_top_up_run_of_their_own(tmp_path):
     steps = probe_runs(plan, run, 3, 5, timed_run)
     assert calls[:3] == [(1, 4, 8)] * 3 and len(calls) == 4 and len(calls[3]) == 1  # one top-up, for the short row
     counts = {g: sum(1 for s in steps if s.target_rows == g) for g in (1, 4, 8)}
-    assert min(counts.values()) >= 4 and all(s.run == 5 for s in steps)
+    assert min(counts.values()) >= 4 and all(s.group == 5 for s in steps)
     assert len(cut_windows(steps, 2, 2)) == 3 * 2

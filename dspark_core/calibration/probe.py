@@ -85,9 +85,11 @@ class ForcedTiers:
 
 @frozen
 class TimedStep:
-    """One timed decode interval: the step that ended it, and its seconds."""
+    """One timed decode interval: the step that ended it, and its seconds. ``group`` numbers the
+    plan's run groups (a sequential point, a draft-off point, or an interleaved bucket's runs):
+    windows are cut per group."""
 
-    run: int
+    group: int
     request_bucket: int
     target_rows: int
     context: int
@@ -144,7 +146,7 @@ def shuffled_order(rows: Sequence[int], seed: int) -> Callable[[int], int]:
 
 
 def time_run(engine, run: Run, policy: ForcedTiers, plan: CalibrationPlan, generator: torch.Generator,
-             run_index: int) -> list[TimedStep]:
+             group: int) -> list[TimedStep]:
     """Admit the run's requests, decode, and return its timed intervals in order."""
     settings = plan.settings
     warmup = max(settings.warmup_steps, 1)  # the first interval starts at a completed step
@@ -179,7 +181,7 @@ def time_run(engine, run: Run, policy: ForcedTiers, plan: CalibrationPlan, gener
                 engine.step()  # drain launched steps so the next run starts clean
             engine.remove_observer(observe)
     policy.cursor += timed
-    return [TimedStep(run_index, run.request_bucket, rows, run.context_index, run.draft_off, end - start)
+    return [TimedStep(group, run.request_bucket, rows, run.context_index, run.draft_off, end - start)
             for (start, _), (end, rows) in zip(stamps[warmup - 1 : needed - 1], stamps[warmup:needed])]
 
 
@@ -191,7 +193,7 @@ def cut_windows(steps: Sequence[TimedStep], window_steps: int, windows_per_point
     """
     grouped: dict[tuple[int, int, int, int, bool], list[TimedStep]] = defaultdict(list)
     for s in steps:
-        grouped[(s.run, s.request_bucket, s.target_rows, s.context, s.draft_off)].append(s)
+        grouped[(s.group, s.request_bucket, s.target_rows, s.context, s.draft_off)].append(s)
     samples = []
     for (_, bucket, rows, context, off), items in grouped.items():
         for w in range(windows_per_point):
@@ -203,18 +205,18 @@ def cut_windows(steps: Sequence[TimedStep], window_steps: int, windows_per_point
     return samples
 
 
-def probe_runs(plan: CalibrationPlan, run: Run, runs: int, first_index: int,
+def probe_runs(plan: CalibrationPlan, run: Run, runs: int, group: int,
                timed_run: Callable[[Run, ForcedTiers, int], list[TimedStep]]) -> list[TimedStep]:
     """Every run of one group; interleaved rows that came short get top-up runs of their own.
 
-    Intervals are labelled with one group index (``first_index``) so that windows are cut per group.
+    Every interval is labelled with ``group``, so that windows are cut per group.
     """
     settings = plan.settings
-    order = shuffled_order(run.rows, settings.token_seed + first_index)
+    order = shuffled_order(run.rows, settings.token_seed + group)
     policy = ForcedTiers(run.request_bucket, order, draft=not run.draft_off)
     steps: list[TimedStep] = []
     for _ in range(runs):
-        steps += timed_run(run, policy, first_index)
+        steps += timed_run(run, policy, group)
     needed = settings.window_steps * settings.windows_per_point
     for _ in range(len(run.rows)):  # a row comes short only when admission steps shifted the order
         counts = {g: sum(1 for s in steps if s.target_rows == g) for g in run.rows}
@@ -222,7 +224,7 @@ def probe_runs(plan: CalibrationPlan, run: Run, runs: int, first_index: int,
         if not short:
             break
         policy = ForcedTiers(run.request_bucket, shuffled_order(short, settings.token_seed), draft=not run.draft_off)
-        steps += timed_run(attrs.evolve(run, rows=short), policy, first_index)
+        steps += timed_run(attrs.evolve(run, rows=short), policy, group)
     return steps
 
 
@@ -247,17 +249,17 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
         time_run(engine, first, warm, plan, torch.Generator().manual_seed(settings.token_seed), -1)
     bar = tqdm(total=sum(n for _, n in groups), desc="calibrating", unit="point", disable=not progress, leave=False)
 
-    def timed_run(run: Run, policy: ForcedTiers, index: int) -> list[TimedStep]:
+    def timed_run(run: Run, policy: ForcedTiers, group: int) -> list[TimedStep]:
         bar.set_postfix_str(f"bucket={run.request_bucket} rows={run.describe()} ctx={run.context_index}")
         with announce(run):
-            steps = time_run(engine, run, policy, plan, generator, index)
+            steps = time_run(engine, run, policy, plan, generator, group)
         engine.work.profiling_runs += 1
         bar.update(min(1, bar.total - bar.n))
         return steps
 
     steps: list[TimedStep] = []
-    for index, (run, runs) in enumerate(groups):
-        steps += probe_runs(plan, run, runs, index, timed_run)
+    for group, (run, runs) in enumerate(groups):
+        steps += probe_runs(plan, run, runs, group, timed_run)
     bar.close()
     seconds = combine([s.seconds for s in steps])
     steps = [attrs.evolve(s, seconds=x) for s, x in zip(steps, seconds)]

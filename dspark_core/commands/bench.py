@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         variants = parse_variants(args.policy_variants)
         preview = _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
         if args.copy_proposals == "both":
-            with_and_without_copies(preview)
+            with_and_without_copies(preview)  # adds the twins in place, so the memory check counts them
         launches: list = []
         engine = _engine(args, launches, extra_engines=len(preview) - 1 if interleave else 0)
         policies = _policies(engine.hooks, names, width, variants)
