@@ -45,17 +45,23 @@ from dspark_core.engine.request import SamplingParams
 from dspark_core.prompts import read_prompts_jsonl
 
 
-def step_kind(new_reports: list, concurrency: int, admitted: bool) -> str:
+def step_kind(new_reports: list, concurrency: int, admitted: bool, by_shape: bool = False) -> str:
     """Name one ``step()`` call by what it did, so step times can be compared kind by kind across policies.
 
     ``full`` means the decode ran with ``concurrency`` live requests (the steady state), ``partial`` with
-    fewer; ``+prefill`` marks a call that also admitted prompts, whose prefill lands in the same call."""
+    fewer; ``+prefill`` marks a call that also admitted prompts, whose prefill lands in the same call.
+    With ``by_shape`` a drafted or copy step also names its target rows and whether its live requests
+    verified equal numbers of tokens (``-32r-even``), so that steps of equal rows but another split
+    can be set side by side."""
     if len(new_reports) != 1:
         kind = "no-decode" if not new_reports else "several"
     else:
         report = new_reports[0]
         size = "full" if report.live_requests == concurrency else "partial"
         kind = f"{'draft-off' if report.draft_off else 'drafted'}-{size}"
+        if by_shape and not report.draft_off:
+            lengths = [max(n, 0) for n in report.verify_lengths[: report.live_requests]]
+            kind += f"-{report.target_rows}r-{'even' if len(set(lengths)) <= 1 else 'uneven'}"
     return kind + ("+prefill" if admitted else "")
 
 
@@ -89,6 +95,8 @@ def main() -> None:
     parser.add_argument("--also_table", default=None, help="The --also_dtype target's cost table (same dtype).")
     parser.add_argument("--max_model_len", type=int, default=2048,
                         help="Longest prompt + output of a request; every engine zero-fills a KV cache this long per slot.")
+    parser.add_argument("--by_shape", action="store_true",
+                        help="Split drafted step kinds further by target rows and even or uneven split.")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     if args.also_dtype is not None and args.also_dtype == args.dtype:
@@ -158,7 +166,8 @@ def main() -> None:
             finished = engine.step()
             elapsed = time.perf_counter() - started
             seconds[label] += elapsed
-            step_times[label].setdefault(step_kind(reports[label][reported:], args.concurrency, admitted), []).append(elapsed)
+            kind = step_kind(reports[label][reported:], args.concurrency, admitted, args.by_shape)
+            step_times[label].setdefault(kind, []).append(elapsed)
             for output in finished:
                 outputs[label][order[label][output.request_id]] = output.token_ids
                 live[label] -= 1
@@ -188,7 +197,7 @@ def main() -> None:
     write_results(args.output, "lockstep.py", {
         "prompts": args.prompts or "mt-bench", "count": len(prompts), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "width": args.width, "table": args.table, "variants": variants, "other_tables": other_tables,
-        "threads": args.threads, "tiers": args.tiers, "draft_depths": args.draft_depths, "label_depths": label_depths, "max_model_len": args.max_model_len, "draft_dtype": args.draft_dtype,
+        "threads": args.threads, "by_shape": args.by_shape, "tiers": args.tiers, "draft_depths": args.draft_depths, "label_depths": label_depths, "max_model_len": args.max_model_len, "draft_dtype": args.draft_dtype,
         "dtype": args.dtype, "also_dtype": args.also_dtype, "also_table": args.also_table}, results)
 
 

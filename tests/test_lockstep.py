@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import pytest
 from script_support import ROOT, run_benchmark, write_prompts
@@ -48,7 +49,8 @@ def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(
     prompts = write_prompts(tmp_path / "prompts.jsonl", ["The capital of France is", "Water boils at"])
     out = tmp_path / "lockstep.json"
     proc = run_script("--prompts", str(prompts), "--concurrency", "2", "--max_tokens", "5", "--widths", "1",
-                      "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out), "--max_model_len", "96")
+                      "--also_dtype", "bfloat16", "--threads", "1", "--output", str(out), "--max_model_len", "96",
+                      "--by_shape")
     assert proc.returncode == 0, proc.stderr
     saved = json.loads(out.read_text())
     rows = {row["policy"]: row for row in saved["results"]}
@@ -57,6 +59,11 @@ def test_a_second_dtype_steps_in_the_same_turns_and_matches_its_own_target_only(
     for row in rows.values():
         assert row["identical"], row  # against target-only decoding in the row's own dtype
     assert rows["none@bfloat16"]["vs_own_target_only"] == 1.0
+    # --by_shape: drafted kinds name their rows and split; k1 at two requests verifies 2 + 2 rows, evenly
+    drafted = [kind for kind in rows["fixed-k1"]["step_ms"] if kind.startswith("drafted")]
+    assert drafted and all(re.fullmatch(r"drafted-(full|partial)-\d+r-(even|uneven)(\+prefill)?", k) for k in drafted), drafted
+    assert "drafted-full-4r-even" in drafted
+    assert saved["meta"]["by_shape"] is True
     assert rows["none@bfloat16"]["vs_target_only"] == pytest.approx(
         rows["none@bfloat16"]["tokens_per_s"] / rows["none"]["tokens_per_s"], rel=0.01)
 
