@@ -20,7 +20,8 @@ engines' turns, so it reports no latency.
 
 Each row also splits the policy's step times by kind (draft-off or drafted, all ``--concurrency``
 requests live or fewer, with or without a prefill in the same call), so a policy's draft-off steps can
-be set against target-only's steps directly. ``--tiers all_tiers`` captures every legal row count
+be set against target-only's steps directly; ``--by_shape`` also names a drafted step's target rows and
+whether its requests verified equal numbers of tokens. ``--tiers all_tiers`` captures every legal row count
 instead of the bucket multiples ``make serve`` uses (its table must then be calibrated with
 ``--captured_target_rows=all``).
 
