@@ -53,6 +53,9 @@ class TierContext:
     # multiplier the host applies to the confidences' expected accepted tokens
     # (the policy's running realized/predicted ratio; 1.0 = trust the confidences)
     forecast_scale: float = 1.0
+    # tokens the draft proposes per request in this bucket (--draft_depths; None: all K). Copy
+    # proposals may fill the positions past it
+    draft_depth: int | None = None
 
     @property
     def full_width(self) -> int:
@@ -175,6 +178,22 @@ def _survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> list[float]:
             values.append(survival)
     values.sort(reverse=True)
     return list(accumulate(values, initial=0.0))
+
+
+def host_allocate(confidences: np.ndarray, caps: np.ndarray, draft_rows: int) -> np.ndarray:
+    """The allocate kernel's split computed on the host: each request's count among the ``draft_rows``
+    largest survivals allowed by ``caps`` (equal survivals: the earlier position first, then the
+    earlier request)."""
+    confidences = np.asarray(confidences, dtype=np.float64)
+    batch, width = confidences.shape
+    allowed = np.arange(width)[None, :] < np.asarray(caps).reshape(-1, 1)
+    survival = np.where(allowed, np.cumprod(confidences, axis=1), -1.0)
+    position_major = survival.T.reshape(-1)
+    order = np.argsort(-position_major, kind="stable")
+    budget = min(max(int(draft_rows), 0), int(allowed.sum()))
+    chosen = np.zeros(batch * width, dtype=bool)
+    chosen[order[:budget]] = True
+    return chosen.reshape(width, batch).sum(axis=0).astype(np.int64)
 
 
 def smallest_tier(ctx: TierContext, rows: int) -> int:

@@ -65,7 +65,8 @@ class StepPlanner:
         kv = max(r.length for r in running) + kv_reserve(width)
         tiers = self.geometry.rows_for(bucket)
         draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
-        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
+        depth = self.runner.depth_for(bucket, policy)
+        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost, draft_depth=depth)
         device = self.runner.device
         # verifying past max_tokens is wasted work: the bonus token always commits, and so does at
         # least one token of each launched step the host has not processed yet
@@ -78,7 +79,6 @@ class StepPlanner:
         # the plan (draft or not) uses the freshest confidences the host holds; with lag >= 1
         # that is exactly the tier's input, with lag 0 the step's own proposal does not exist yet
         known = np.stack([self.confidences_up_to(r, index - max(lag, 1)) for r in running])
-        depth = self.runner.depth_for(bucket, policy)
         if depth < width:  # older confidences may come from a step that proposed more: nothing past the depth exists
             known[:, depth:] = 0.0
         plan = plan_step(policy, ctx, known, cap_values)

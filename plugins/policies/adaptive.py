@@ -53,7 +53,8 @@ from attrs import define, field, frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, tier_scores
+from dspark_core.policy import (StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, copy_step_choice,
+                                host_allocate, tier_scores)
 
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
@@ -221,15 +222,41 @@ class AdaptivePolicy:
     # a draft-off step still looks up copy proposals and verifies them where the table says they pay
     # (copy steps, :func:`~dspark_core.policy.copy_step_choice`; needs a launch with copies)
     copy_steps: bool = True
+    # False: where the draft proposes fewer than K tokens (a bucket's --draft_depths), no request verifies
+    # more than that many, copy proposals included. A request verifying a long copy gets an attention band
+    # of its own, which the table does not price (benchmarks/results/amx/README.md, 2026-12-07)
+    verify_past_depth: bool = False
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and tokens/second of every captured tier (NaN where not covered)."""
-        return tier_scores(ctx, confidences, caps)
+        capped = self._depth_caps(ctx, caps)
+        return tier_scores(ctx, confidences, caps if capped is None else capped)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         """The best tokens-per-second tier, kept at full width unless it gains ``min_gain``."""
-        return best_rate_tier(ctx, confidences, caps, self.min_gain)
+        capped = self._depth_caps(ctx, caps)
+        if capped is None:
+            return best_rate_tier(ctx, confidences, caps, self.min_gain)
+        choice = best_rate_tier(ctx, confidences, capped, self.min_gain)
+        return choice if choice.fallback else _with_host_lengths(choice, ctx, confidences, capped)
+
+    def choose_copy_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
+        """A copy step's tier (:func:`~dspark_core.policy.copy_step_choice`), within the bucket's draft depth
+        unless ``verify_past_depth``."""
+        capped = self._depth_caps(ctx, caps)
+        if capped is None:
+            return copy_step_choice(ctx, confidences, caps)
+        choice = copy_step_choice(ctx, confidences, capped)
+        return choice if choice.draft_off else _with_host_lengths(choice, ctx, confidences, capped)
+
+    def _depth_caps(self, ctx: TierContext, caps: np.ndarray) -> np.ndarray | None:
+        """``caps`` limited to the step's draft depth, or None where nothing is limited (the draft proposes
+        all K tokens, or ``verify_past_depth``)."""
+        depth = ctx.draft_depth
+        if self.verify_past_depth or depth is None or depth >= ctx.draft_width:
+            return None
+        return np.minimum(caps, depth)
 
     split = staticmethod(allocate_split)
 
@@ -323,6 +350,14 @@ class AdaptivePolicy:
         self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
 
 
+def _with_host_lengths(choice: TierChoice, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
+    """The choice with its split fixed on the host under ``caps``, by the allocate kernel's rule. The
+    kernel on the device would split by the step's own confidences; at ``tier_lag`` 0 these are them,
+    at a larger lag the split is as old as the tier."""
+    lengths = host_allocate(confidences, caps, choice.rows - ctx.request_bucket)
+    return attrs.evolve(choice, lengths=tuple(int(n) for n in lengths))
+
+
 def _drafting_advantage(report: StepReport) -> float | None:
     """A drafted step's committed tokens per calibrated second over the draft-off rate (None: unpriced)."""
     if report.tier_costs is None or not report.draft_off_cost or report.target_rows not in report.tiers:
@@ -358,7 +393,7 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
         return None
     _options(name, options, {"min_gain", "tier_lag", "draft_off", "forecast_correction", "max_probe_interval",
                              "probe_budget", "draft_off_rule", "draft_off_margin", "realized_decay",
-                             "realized_prior_steps", "copy_steps"})
+                             "realized_prior_steps", "copy_steps", "verify_past_depth"})
     lag = options.get("tier_lag", 0)
     if isinstance(lag, bool) or not isinstance(lag, int) or lag not in (0, 1, 2):
         raise ConfigError(f"budget policy 'adaptive': tier_lag must be 0, 1 or 2, got {lag!r}")
@@ -386,4 +421,5 @@ def dspark_budget_policy(name: str, options: Mapping[str, Any]) -> AdaptivePolic
                           draft_off=_flag(name, options, "draft_off", True),
                           forecast_correction=_flag(name, options, "forecast_correction", True),
                           copy_steps=_flag(name, options, "copy_steps", True),
+                          verify_past_depth=_flag(name, options, "verify_past_depth", False),
                           max_probe_interval=interval, probe_budget=float(budget))
