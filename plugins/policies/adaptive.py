@@ -31,6 +31,12 @@ With ``copy_steps``, a draft-off step still looks up copy proposals (the text th
 request already holds, no draft forward) and verifies those that the table says
 pay; such a step teaches the policy nothing about the draft.
 
+Where ``--draft_depths`` cuts a bucket's block to d tokens, no request verifies
+more than d, copy proposals included (``verify_past_depth`` lifts this): a
+request verifying a long copy makes an attention band of its own, a cost the
+table's price by rows does not hold. The split is then fixed on the host, by
+the allocate kernel's rule (:func:`~dspark_core.policy.host_allocate`).
+
 While the draft is off nothing new is learnt, so every so often the policy
 drafts anyway (a *probe*) and judges that step with the raw confidences. The
 gap between probes doubles after each probe that finds drafting still not
