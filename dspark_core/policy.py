@@ -53,9 +53,6 @@ class TierContext:
     # multiplier the host applies to the confidences' expected accepted tokens
     # (the policy's running realized/predicted ratio; 1.0 = trust the confidences)
     forecast_scale: float = 1.0
-    # tokens the draft proposes per request in this bucket (--draft_depths; None: all K). Copy
-    # proposals may fill the positions past it
-    draft_depth: int | None = None
 
     @property
     def full_width(self) -> int:
@@ -101,8 +98,9 @@ class BudgetPolicy(Protocol):
     Two more methods are optional (see :func:`plan_step`, :func:`observe_step`):
     ``plan(ctx, confidences, caps) -> StepPlan`` on the host with the freshest
     confidences it has without waiting, and ``observe(report) -> None`` after
-    each processed step. So is the attribute ``reads_confidences`` (True when
-    absent, see :func:`reads_confidences`).
+    each processed step. So are the attributes ``reads_confidences`` (True when
+    absent, see :func:`reads_confidences`) and ``verify_past_depth`` (True when
+    absent, see :func:`verifies_past_depth`).
     """
 
     name: str
@@ -121,6 +119,14 @@ def reads_confidences(policy: object) -> bool:
     ``[n, 0]`` array instead of the step's own confidences, so the host does not wait for the
     proposal between the two launches of the step."""
     return bool(getattr(policy, "reads_confidences", True))
+
+
+def verifies_past_depth(policy: object) -> bool:
+    """Whether a request may verify more tokens than the draft proposes in its bucket (``--draft_depths``),
+    i.e. copy proposals past the depth. A policy says False through an attribute ``verify_past_depth``:
+    the planner then cuts every request's cap to the depth, so the tier choice, a copy step's choice and
+    the allocate kernel's split all stay within it."""
+    return bool(getattr(policy, "verify_past_depth", True))
 
 
 def step_draft_depth(policy: object, draft_depths: Mapping[int, int], request_bucket: int, width: int) -> int:
@@ -178,22 +184,6 @@ def _survival_prefix(confidences: np.ndarray, caps: np.ndarray) -> list[float]:
             values.append(survival)
     values.sort(reverse=True)
     return list(accumulate(values, initial=0.0))
-
-
-def host_allocate(confidences: np.ndarray, caps: np.ndarray, draft_rows: int) -> np.ndarray:
-    """The allocate kernel's split computed on the host: each request's count among the ``draft_rows``
-    largest survivals allowed by ``caps`` (equal survivals: the earlier position first, then the
-    earlier request)."""
-    confidences = np.asarray(confidences, dtype=np.float64)
-    batch, width = confidences.shape
-    allowed = np.arange(width)[None, :] < np.asarray(caps).reshape(-1, 1)
-    survival = np.where(allowed, np.cumprod(confidences, axis=1), -1.0)
-    position_major = survival.T.reshape(-1)
-    order = np.argsort(-position_major, kind="stable")
-    budget = min(max(int(draft_rows), 0), int(allowed.sum()))
-    chosen = np.zeros(batch * width, dtype=bool)
-    chosen[order[:budget]] = True
-    return chosen.reshape(width, batch).sum(axis=0).astype(np.int64)
 
 
 def smallest_tier(ctx: TierContext, rows: int) -> int:

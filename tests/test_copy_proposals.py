@@ -26,7 +26,7 @@ from dspark_core.graphs import static_shapes
 from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.speculators_io import config_from_speculators, config_to_speculators
 from dspark_core.plugins import default_hooks
-from dspark_core.policy import TierContext, copy_step_choice
+from dspark_core.policy import TierContext, copy_step_choice, verifies_past_depth
 from dspark_kernels.copy_lookup import copy_lookup, copy_lookup_reference
 from engine_support import (DraftDouble, NeverDrafts, draft_off_table, greedy_references, random_prompts, synthetic_table,
                             tiny_pair)
@@ -94,13 +94,13 @@ def references(models, prompts):
 
 
 def run(target, draft, prompts, policy, options=None, *, copies="on", batch=16, overlap=False, graphs=None,
-        width=7, table=None, on_ready=None):
+        width=7, table=None, on_ready=None, depths=()):
     """Generate ``prompts`` greedily; ``policy`` is a name, or a policy object an adaptive engine serves
     with. ``table`` replaces the synthetic cost table; ``on_ready(engine)`` runs once warmup is done."""
     name = policy if isinstance(policy, str) else "adaptive"
     config = EngineConfig(draft_width=width, policy=name, policy_options=options or {},
                           request_buckets=tuple(b for b in BUCKETS if b <= batch), max_model_len=160,
-                          schedule_overlap=overlap, copy_proposals=copies)
+                          schedule_overlap=overlap, copy_proposals=copies, draft_depths=depths)
     engine = Engine(target, draft, config, graphs=graphs)
     engine.install_table(table or synthetic_table(width, engine.geometry.request_buckets))
     if not isinstance(policy, str):
@@ -137,6 +137,38 @@ def test_copies_save_steps_and_off_means_the_draft_alone(models, prompts, refere
     assert [list(o.token_ids) for o in out_on] == [list(o.token_ids) for o in out_off] == references
     assert with_copies.runner.copy_orders == DEFAULT_COPY_ORDERS and without.runner.copy_orders == ()
     assert with_copies.counters.steps < 0.8 * without.counters.steps
+
+
+DEPTHS = ((4, 2), (8, 2), (16, 2))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_adaptive_verifies_copies_only_within_the_draft_depth(models, prompts, references, overlap):
+    """Where --draft_depths cuts the block, copies still fill all K positions; adaptive verifies no more than
+    the depth per request unless ``verify_past_depth`` (then the long copies are verified, which shows
+    the limit is what held them back)."""
+    target, draft = models
+    cheap_rows = synthetic_table(WIDTH, BUCKETS, per_row=0.0005)  # by the table, long copies pay
+    limit = dict(DEPTHS)
+    lengths = {}
+    for past in (False, True):
+        reports = []
+        _, outputs = run(target, draft, prompts, "adaptive", {"verify_past_depth": past}, overlap=overlap,
+                         table=cheap_rows, depths=DEPTHS, on_ready=lambda engine: engine.add_observer(reports.append))
+        assert [list(o.token_ids) for o in outputs] == references
+        cut = [r for r in reports if r.request_bucket in limit]
+        assert cut
+        lengths[past] = max(max(r.verify_lengths) - limit[r.request_bucket] for r in cut)
+    assert lengths[False] <= 0 < lengths[True]
+
+
+def test_only_a_policy_that_says_so_keeps_within_the_depth():
+    hooks = default_hooks()
+    assert not verifies_past_depth(hooks.budget_policy("adaptive", {}))
+    assert verifies_past_depth(hooks.budget_policy("adaptive", {"verify_past_depth": True}))
+    assert verifies_past_depth(hooks.budget_policy("fixed", {"k": 1}))  # no attribute: as before
+    with pytest.raises(ConfigError, match="verify_past_depth must be true or false, got 1"):
+        hooks.budget_policy("adaptive", {"verify_past_depth": 1})
 
 
 def test_history_holds_prompt_and_committed_tokens(models, prompts):

@@ -24,7 +24,7 @@ from dspark_core.engine.runner import ModelRunner
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.engine.step import DecodeStep
 from dspark_core.geometry import Geometry, kv_reserve
-from dspark_core.policy import BudgetPolicy, TierContext, plan_step
+from dspark_core.policy import BudgetPolicy, TierContext, plan_step, verifies_past_depth
 
 
 class StepPlanner:
@@ -66,13 +66,17 @@ class StepPlanner:
         tiers = self.geometry.rows_for(bucket)
         draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
         depth = self.runner.depth_for(bucket, policy)
-        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost, draft_depth=depth)
+        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
         device = self.runner.device
         # verifying past max_tokens is wasted work: the bonus token always commits, and so does at
         # least one token of each launched step the host has not processed yet
         pending = pending or {}
         cap_values = np.array([max(0, min(width, r.remaining - 1 - pending.get(r, 0))) for r in running],
                               dtype=np.int64)
+        if depth < width and not verifies_past_depth(policy):
+            # copies fill all K positions, but a request verifying past the depth makes an attention
+            # band of its own on the CPU, which the table's price by rows does not hold
+            cap_values = np.minimum(cap_values, depth)
         lag = policy.tier_lag
         if lag == 1:
             self._take_early_proposal(index - 1)

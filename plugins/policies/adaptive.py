@@ -34,8 +34,9 @@ pay; such a step teaches the policy nothing about the draft.
 Where ``--draft_depths`` cuts a bucket's block to d tokens, no request verifies
 more than d, copy proposals included (``verify_past_depth`` lifts this): a
 request verifying a long copy makes an attention band of its own, a cost the
-table's price by rows does not hold. The split is then fixed on the host, by
-the allocate kernel's rule (:func:`~dspark_core.policy.host_allocate`).
+table's price by rows does not hold. The planner cuts every request's cap to d
+(:func:`~dspark_core.policy.verifies_past_depth`), so the tier choice and the
+split see the same limit.
 
 While the draft is off nothing new is learnt, so every so often the policy
 drafts anyway (a *probe*) and judges that step with the raw confidences. The
@@ -59,8 +60,7 @@ from attrs import define, field, frozen
 from dspark_core.components import Component
 from dspark_core.errors import ConfigError
 from dspark_core.hookspecs import hookimpl
-from dspark_core.policy import (StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, copy_step_choice,
-                                host_allocate, tier_scores)
+from dspark_core.policy import StepPlan, TierChoice, TierContext, allocate_split, best_rate_tier, tier_scores
 
 if TYPE_CHECKING:
     from dspark_core.engine.records import StepReport
@@ -229,40 +229,19 @@ class AdaptivePolicy:
     # (copy steps, :func:`~dspark_core.policy.copy_step_choice`; needs a launch with copies)
     copy_steps: bool = True
     # False: where the draft proposes fewer than K tokens (a bucket's --draft_depths), no request verifies
-    # more than that many, copy proposals included. A request verifying a long copy gets an attention band
-    # of its own, which the table does not price (benchmarks/results/amx/README.md, 2026-12-07)
+    # more than that many, copy proposals included (the planner cuts the caps). A request verifying a long
+    # copy gets an attention band of its own, which the table does not price
+    # (benchmarks/results/amx/README.md, 2026-12-07)
     verify_past_depth: bool = False
     learning: DraftLearning = field(factory=DraftLearning, eq=False)
 
     def scores(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Expected tokens and tokens/second of every captured tier (NaN where not covered)."""
-        capped = self._depth_caps(ctx, caps)
-        return tier_scores(ctx, confidences, caps if capped is None else capped)
+        return tier_scores(ctx, confidences, caps)
 
     def choose_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
         """The best tokens-per-second tier, kept at full width unless it gains ``min_gain``."""
-        capped = self._depth_caps(ctx, caps)
-        if capped is None:
-            return best_rate_tier(ctx, confidences, caps, self.min_gain)
-        choice = best_rate_tier(ctx, confidences, capped, self.min_gain)
-        return choice if choice.fallback else _with_host_lengths(choice, ctx, confidences, capped)
-
-    def choose_copy_tier(self, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
-        """A copy step's tier (:func:`~dspark_core.policy.copy_step_choice`), within the bucket's draft depth
-        unless ``verify_past_depth``."""
-        capped = self._depth_caps(ctx, caps)
-        if capped is None:
-            return copy_step_choice(ctx, confidences, caps)
-        choice = copy_step_choice(ctx, confidences, capped)
-        return choice if choice.draft_off else _with_host_lengths(choice, ctx, confidences, capped)
-
-    def _depth_caps(self, ctx: TierContext, caps: np.ndarray) -> np.ndarray | None:
-        """``caps`` limited to the step's draft depth, or None where nothing is limited (the draft proposes
-        all K tokens, or ``verify_past_depth``)."""
-        depth = ctx.draft_depth
-        if self.verify_past_depth or depth is None or depth >= ctx.draft_width:
-            return None
-        return np.minimum(caps, depth)
+        return best_rate_tier(ctx, confidences, caps, self.min_gain)
 
     split = staticmethod(allocate_split)
 
@@ -354,14 +333,6 @@ class AdaptivePolicy:
                 self.learning.record_advantage(report.request_bucket, ratio)
         raw_expected = (report.predicted_tokens - report.live_requests) / max(report.forecast_scale, 1e-9)
         self.learning.record(max(raw_expected, 0.0), float(sum(report.accepted)))
-
-
-def _with_host_lengths(choice: TierChoice, ctx: TierContext, confidences: np.ndarray, caps: np.ndarray) -> TierChoice:
-    """The choice with its split fixed on the host under ``caps``, by the allocate kernel's rule. The
-    kernel on the device would split by the step's own confidences; at ``tier_lag`` 0 these are them,
-    at a larger lag the split is as old as the tier."""
-    lengths = host_allocate(confidences, caps, choice.rows - ctx.request_bucket)
-    return attrs.evolve(choice, lengths=tuple(int(n) for n in lengths))
 
 
 def _drafting_advantage(report: StepReport) -> float | None:
