@@ -48,6 +48,12 @@ def rank_main(rank: int, argv: list[str], results, mode: str) -> None:
                                                              lambda handle: serve_over_http(handle, results),
                                                              timeouts=TIMEOUTS)))
             return
+        if mode == "other-software" and rank == 1:
+            import dspark_core
+            from dspark_core.distributed import table
+
+            dspark_core.__version__ = "0.0.1-elsewhere"  # as a node with another install would report
+            table.MESSAGE_FORMAT = 0
         handle = start_rank(parse_serve_args([*argv, f"--node_rank={rank}"]), timeouts=TIMEOUTS)
         handle.bring_up()
         if rank == 1:
@@ -224,6 +230,20 @@ def test_a_rank_with_a_different_launch_is_named(checkpoints):
     for rank in (0, 1):
         assert got[rank][0] == "error"
         assert "rank 1 launch fingerprint differs from rank 0" in got[rank][1]
+
+
+def test_a_rank_with_other_software_is_named_before_its_launch_is_read(checkpoints):
+    import dspark_core
+
+    target, draft, _ = checkpoints
+    got = run_ranks(flags(target, draft, "--enable_adaptive_speculative_decode=false"), mode="other-software")
+    for rank in (0, 1):
+        kind, message = got[rank]
+        assert kind == "error", got
+        assert "ranks run different dspark-core software" in message
+        assert f"rank 1 runs dspark-core '0.0.1-elsewhere', rank 0 {dspark_core.__version__!r}" in message
+        assert "rank 1 runs message format 0, rank 0 1" in message
+        assert "launch fingerprint" not in message
 
 
 def test_a_lost_worker_stops_rank_0_with_a_message(checkpoints):

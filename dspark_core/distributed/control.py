@@ -15,6 +15,8 @@ the same rows and run the same kernels whatever the policy is, deterministic
 or not.
 
 Messages are int64 tensors: a header ``[kind, payload length]`` and the payload.
+Their layout has a number, :data:`MESSAGE_FORMAT`, that every rank checks at
+startup beside the package version (:func:`~dspark_core.distributed.table.check_same_launch`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from dspark_core.engine.step import DecodeStep
 from dspark_core.policy import TierChoice, TierContext, allocate_split
 
 log = get_logger("distributed")
+
+#: The layout of the messages below and of the broadcast budget. A worker that reads another layout
+#: would replay wrong steps without any error, so ranks refuse to start unless theirs agree: raise
+#: it whenever a kind is added or a payload changes.
+MESSAGE_FORMAT = 1
 
 PREFILL, DECODE, POINT_BEGIN, POINT_END, CALIBRATED, HEARTBEAT, STOP = range(1, 8)
 KIND_NAMES = {PREFILL: "prefill", DECODE: "decode", POINT_BEGIN: "calibration point", POINT_END: "calibration point end",

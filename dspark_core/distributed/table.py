@@ -13,8 +13,9 @@ The startup stages across ranks:
 4. every rank hashes the JSON of the table it installed (SHA-256); the hashes
    are gathered and any rank that differs from rank 0 fails startup.
 
-Before any of this, :func:`check_same_launch` compares the launch fingerprint
-(checkpoints, parallelism, execution, geometry) of every rank with rank 0's.
+Before any of this, :func:`check_same_launch` compares every rank's package
+version and message format with rank 0's, then the launch fingerprint
+(checkpoints, parallelism, execution, geometry).
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import dspark_core
 from dspark_core.audit import get_logger
 from dspark_core.calibration.install import StartupRuntime, _audit, fit_stage, install_stage
 from dspark_core.calibration.plan import CalibrationPlan
 from dspark_core.calibration.probe import Run, run_probes
 from dspark_core.costs.base import CostSample
 from dspark_core.costs.fingerprint import Fingerprint, compare
-from dspark_core.distributed.control import CALIBRATED, POINT_BEGIN, POINT_END, Channel, IntervalRecorder, follow
+from dspark_core.distributed.control import (CALIBRATED, MESSAGE_FORMAT, POINT_BEGIN, POINT_END, Channel, IntervalRecorder,
+                                             follow)
 from dspark_core.distributed.group import DistributedError, RankGroup, collective
 from dspark_core.table import CostTable, dumps_table, loads_table, save_table
 
@@ -53,8 +56,22 @@ def gather_objects(group: RankGroup, value: Any, what: str) -> list[Any]:
     return out
 
 
+def software_of_this_rank() -> dict[str, str | int]:
+    """What a rank's messages depend on: the dspark-core version and the control message format."""
+    return {"dspark-core": dspark_core.__version__, "message format": MESSAGE_FORMAT}
+
+
 def check_same_launch(group: RankGroup, fingerprint: Fingerprint) -> None:
-    """Every rank must run the same launch as rank 0; a differing rank is named with its fields."""
+    """Every rank must run the same software and launch as rank 0; a differing rank is named with
+    its fields. The software goes first, as plain strings and numbers: another version's
+    fingerprint might not even unpickle."""
+    software = gather_objects(group, software_of_this_rank(), "software versions")
+    problems = [f"rank {rank} runs {name} {theirs[name]!r}, rank 0 {software[0][name]!r}"
+                for rank, theirs in enumerate(software[1:], start=1) for name in software[0]
+                if theirs.get(name) != software[0][name]]
+    if problems:
+        raise DistributedError("ranks run different dspark-core software; install the same version on every node:\n  "
+                               + "\n  ".join(problems))
     prints = gather_objects(group, fingerprint, "launch fingerprints")
     problems = []
     for rank, other in enumerate(prints[1:], start=1):
