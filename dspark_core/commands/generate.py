@@ -45,15 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print one JSON object with every completion and its statistics.")
 
 
-def _weights_dtype(model) -> str | None:
-    """``float32``, ``bfloat16`` ...: the dtype of a model's first floating-point weight (None without one)."""
-    parameters = getattr(model, "parameters", None)
-    for weight in parameters() if parameters is not None else ():
-        if weight.is_floating_point():
-            return str(weight.dtype).removeprefix("torch.")
-    return None
-
-
 def build_engine(args: argparse.Namespace):
     """The engine for these flags; ``--dtype``/``--draft_dtype`` `auto` resolve as serve resolves them."""
     from dspark_core.engine.engine import Engine, EngineConfig
@@ -118,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({
         "model": str(args.model), "policy": engine.policy.name, "num_speculative_tokens": engine.config.draft_width,
         # the dtypes the models computed in, read from their weights (the flags may say auto)
-        "dtype": str(engine.runner.target.dtype).removeprefix("torch."), "draft_dtype": _weights_dtype(engine.runner.draft),
+        "dtype": str(engine.runner.target.dtype).removeprefix("torch."), "draft_dtype": engine.runner.draft_dtype,
         "load_seconds": round(loaded - started, 3), "generate_seconds": round(done - loaded, 3),
         "output_tokens_per_second": round(tokens / max(done - loaded, 1e-9), 2),
         "completions": [{

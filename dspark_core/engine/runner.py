@@ -213,10 +213,17 @@ class ModelRunner:
                               "(copy_proposals=off, or auto with a draft whose config sets no copy_order)")
         self.copies_on = on
 
+    @property
+    def draft_dtype(self) -> str | None:
+        """The dtype the draft computes in (``bfloat16`` ...), read from its weights; None without a draft."""
+        if self.draft is None:
+            return None
+        weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
+        return str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
+
     def proposal_key(self, request_bucket: int, copies: bool = False, kv_span: int = 0, depth: int | None = None
                      ) -> BindingKey:
-        weight = getattr(getattr(self.draft, "fc", None), "weight", None)  # test doubles wrap a draft
-        dtype = str(self.target.dtype if weight is None else weight.dtype).removeprefix("torch.")
+        dtype = self.draft_dtype or str(self.target.dtype).removeprefix("torch.")
         cut = depth if depth is not None and depth < self.draft_width else 0  # all K keeps depth 0, as before depths
         return BindingKey(self.draft_width, request_bucket, 0, dtype, str(self.device),
                           stage="propose+copy" if copies else "propose", kv_span=kv_span, draft_depth=cut)
