@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -28,13 +29,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def unknown_flags_message(command: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """``unrecognized arguments`` with, for each unknown flag, the command's closest flag when one is
+    close (``--num-speculative-tokens`` → ``--num_speculative_tokens``: flags are spelled with underscores)."""
+    known = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+    hints = []
+    for extra in extras:
+        flag = extra.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        underscored = "--" + flag[2:].replace("-", "_")
+        close = [underscored] if underscored in known else difflib.get_close_matches(underscored, known, n=1, cutoff=0.75)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
     if not getattr(args, "_run", None):
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         parser.print_help()
         return 2
+    if extras:  # the command's own usage, not the top level's, and the flag that was probably meant
+        _command_parser(parser, args.command).error(unknown_flags_message(_command_parser(parser, args.command), extras))
     try:
         return int(args._run(args) or 0)
     except DSparkError as exc:

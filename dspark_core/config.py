@@ -62,6 +62,7 @@ class ServeConfig:
     port: int = flag(8000, "Port the HTTP server listens on (0: a free port, named in the log). It is held from startup, so a port in use fails at once.", group="http")
     max_pending_requests: int = flag(256, "Requests admitted at once (running + waiting); more get 429.", group="http")
     served_model_name: str | None = flag(None, "Model name in the API (`model` field); defaults to the --model value's name.", group="http")
+    log_requests: bool = flag(True, "Log one structured `request` event per ended request (status, prompt and output tokens, seconds, time to first token, finish reason, accepted length per step; the error for refusals); `false` turns this access log off.", group="http")
     # --- speculative decoding ---
     speculative_algorithm: str = flag("DSpark", "Speculative algorithm; `none` serves the target alone.", choices=["DSpark", "none"], group="speculative")
     num_speculative_tokens: int = flag(7, "Draft width K: tokens drafted per request per step. Adaptive DSpark supports 5 or 7.", group="speculative")

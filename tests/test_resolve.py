@@ -91,3 +91,29 @@ def test_generate_refuses_an_unusable_device_before_loading_the_model(tmp_path, 
     if not torch.cuda.is_available():
         assert main(["generate", f"--model={missing}", "--prompt=x", "--device=cuda:0"]) == 2
         assert "device=cuda: this PyTorch build sees no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--draft_model=default", "--num_speculative_tokens=0"],
+     "--num_speculative_tokens must be >= 1 with a draft, got 0 (omit --draft_model"),
+    (["--num_speculative_tokens=-2"], "--num_speculative_tokens must be >= 0, got -2"),
+])
+def test_generate_refuses_a_width_it_cannot_draft_before_loading_the_model(tmp_path, capsys, flags, message):
+    from dspark_core.cli import main
+
+    missing = tmp_path / "missing.gguf"  # never read: the width is checked first
+    assert main(["generate", f"--model={missing}", "--prompt=x", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unknown_flag_gets_the_commands_usage_and_the_flag_probably_meant(capsys):
+    from dspark_core.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--model=smollm2", "--num-speculative-tokens=5", "--bogus_flag=1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: dspark-core serve" in err  # the command's usage, not the top level's
+    assert "unrecognized arguments: --num-speculative-tokens=5 --bogus_flag=1" in err
+    assert "--num-speculative-tokens: did you mean --num_speculative_tokens?" in err
+    assert "--bogus_flag: did you mean" not in err  # nothing close: no guess

@@ -157,6 +157,12 @@ def test_models_health_and_metrics(server):
     models = httpx.get(server.url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny-dspark"
     assert models["data"][0]["max_model_len"] == 256
+    assert httpx.get(server.url + "/v1/models/tiny-dspark").json() == models["data"][0]  # retrieve one
+    other = httpx.get(server.url + "/v1/models/org/other")
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert "'org/other'" in other.json()["error"]["message"] and "'tiny-dspark'" in other.json()["error"]["message"]
+    slash = httpx.get(server.url + "/v1/models/")
+    assert slash.status_code == 404 and "without the trailing slash" in slash.json()["error"]["message"]
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.url + "/ready").status_code == 200
 

@@ -43,7 +43,12 @@ CASES = [
     (C, {"prompt": "x", "temperature": 0, "max_tokens": 0}, 400, ["max_tokens", "at least 1"], "max_tokens"),
     (C, {"prompt": "x", "temperature": 0, "stream": "yes"}, 400, ["stream", "boolean", "string"], "stream"),
     (C, {"prompt": 5, "temperature": 0}, 400, ["prompt", "string or array of token ids", "integer"], "prompt"),
-    (C, {"prompt": ["a", "b"], "temperature": 0}, 400, ["prompt", "array of token ids"], "prompt"),
+    (C, {"prompt": ["a", "b"], "temperature": 0}, 400, ["prompt", "2 strings", "one prompt per request"], "prompt"),
+    (C, {"prompt": [[1, 2]], "temperature": 0}, 400, ["prompt[0]", "integer token id", "array"], "prompt[0]"),
+    (C, {"prompt": [1, 2.0], "temperature": 0}, 400, ["prompt[1]", "integer token id", "number"], "prompt[1]"),
+    (C, {"prompt": [1, True], "temperature": 0}, 400, ["prompt[1]", "boolean"], "prompt[1]"),
+    (CH, {"messages": [{"role": "user", "content": "y " * 200}], "temperature": 0}, 400,
+     ["messages: the conversation in the chat template is", "context is 128"], "messages"),
     (C, {"prompt": [1, 99999], "temperature": 0}, 400, ["token id 99999", "vocabulary"], "prompt"),
     (CH, {"messages": "hi", "temperature": 0}, 400, ["messages", "array", "string"], "messages"),
     (CH, {"messages": [{"role": "user", "content": 3}], "temperature": 0}, 400,
@@ -120,6 +125,21 @@ def test_bad_requests_while_a_good_one_streams(server):
         assert plain.status_code == 200 and plain.json()["dspark"]["token_ids"] == list(expected.token_ids)
     thread.join(60)
     assert got["status"] == 200 and got["ids"] == list(expected.token_ids)
+
+
+def test_optional_fields_sent_as_null_take_their_defaults(server):
+    nulls = {name: None for name in ("model", "max_tokens", "stream", "stream_options", "stop", "n", "user", "seed",
+                                     "top_p", "presence_penalty", "frequency_penalty", "ignore_eos",
+                                     "return_token_ids")}
+    response = httpx.post(server.url + C, json={"prompt": "keep going", "temperature": 0, **nulls}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 16  # the completions default, as when omitted
+    chat = httpx.post(server.url + CH, json={"messages": MSG, "temperature": 0, "max_completion_tokens": None,
+                                             **nulls}, timeout=30)
+    assert chat.status_code == 200, chat.text
+    # the required fields still need a value
+    check_error(httpx.post(server.url + CH, json={"messages": None, "temperature": 0}, timeout=30), 400,
+                ["messages", "array", "null"], "messages")
 
 
 def test_routing_errors_are_json(server):

@@ -26,6 +26,7 @@ draft-off one also catches the draft's context up, which is not its price.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ import torch
 from attrs import define, frozen
 from tqdm import tqdm
 
+from dspark_core.audit import get_logger
 from dspark_core.calibration.plan import CalibrationPlan, ProbePoint
 from dspark_core.costs.base import CostSample
 from dspark_core.engine.request import SamplingParams
@@ -233,6 +235,10 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
                combine: Callable[[list[float]], list[float]] = lambda seconds: seconds) -> list[CostSample]:
     """Probe every point of ``plan``; a tqdm bar counts runs and shows the one being measured.
 
+    The bar is drawn on a terminal only: where stderr is a file or a pipe (a served process's
+    log, read one JSON object per line) its carriage-return redraws would run into the log
+    records, so one ``calibrating`` event says what is about to be measured instead.
+
     Each recorded run happens inside ``announce(run)``: rank 0 of a multi-rank service tells the
     other ranks there, so that they time the same intervals; ``combine`` then merges every rank's
     seconds of each interval (in order) before windows are cut. The unrecorded first run is not
@@ -247,7 +253,11 @@ def run_probes(engine, plan: CalibrationPlan, *, progress: bool = True,
         first = groups[0][0]
         warm = ForcedTiers(first.request_bucket, shuffled_order(first.rows, 0), draft=not first.draft_off)
         time_run(engine, first, warm, plan, torch.Generator().manual_seed(settings.token_seed), -1)
-    bar = tqdm(total=sum(n for _, n in groups), desc="calibrating", unit="point", disable=not progress, leave=False)
+    runs = sum(n for _, n in groups)
+    on_terminal = sys.stderr.isatty()
+    if progress and not on_terminal:
+        get_logger("startup").info("calibrating", runs=runs, request_buckets=sorted({r.request_bucket for r, _ in groups}))
+    bar = tqdm(total=runs, desc="calibrating", unit="point", disable=not (progress and on_terminal), leave=False)
 
     def timed_run(run: Run, policy: ForcedTiers, group: int) -> list[TimedStep]:
         bar.set_postfix_str(f"bucket={run.request_bucket} rows={run.describe()} ctx={run.context_index}")

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     def serve(engine, startup_work) -> int:
         service = AsyncEngineService(engine, max_pending=config.max_pending_requests)
-        app = build_app(service, model_name=name)
+        app = build_app(service, model_name=name, log_requests=config.log_requests)
         startup = service.prepare(lambda e: startup_work())
         startup.add_done_callback(lambda f: log.info("serving", model=name, host=config.host, port=port)
                                   if f.exception() is None else None)

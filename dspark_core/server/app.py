@@ -42,12 +42,27 @@ GENERATION_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "c
 
 # -- small endpoints: everything they need is on app.state ------------------------------
 
+def _model_card(state: Any) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "dspark-core",
+            "max_model_len": state.service.max_model_len}
+
+
 async def list_models(request: Request) -> Response:
     """``GET /v1/models``: the one served model."""
+    return JSONResponse({"object": "list", "data": [_model_card(request.app.state)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{model}``: the served model's card, or a 404 naming the one that is served."""
     state = request.app.state
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": state.started, "owned_by": "dspark-core",
-        "max_model_len": state.service.max_model_len}]})
+    name = request.path_params["model"]
+    if not name:  # "/v1/models/": the list was meant
+        return await http_error(request, HTTPException(404))
+    if name != state.model_name:
+        return error_response(ApiError(404, f"model {name!r} is not served here; this server serves "
+                                       f"{state.model_name!r}", param="model", code="model_not_found",
+                                       kind="not_found_error"))
+    return JSONResponse(_model_card(state))
 
 
 async def health(request: Request) -> Response:
@@ -116,14 +131,16 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
 
 def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMetrics | None = None,
               completion_max_tokens: int = 16, drain_timeout: float = 30.0,
-              max_body_bytes: int = 4 << 20, body_timeout: float = 30.0, prepare_workers: int = 2) -> Starlette:
+              max_body_bytes: int = 4 << 20, body_timeout: float = 30.0, prepare_workers: int = 2,
+              log_requests: bool = True) -> Starlette:
     """The HTTP app. Its lifespan starts the service's engine thread and drains it on shutdown.
 
     ``completion_max_tokens`` is /v1/completions' default when a request omits
     max_tokens (OpenAI's is 16); chat requests default to the rest of the context.
     Bodies over ``max_body_bytes`` are refused with 413, bodies not received
     within ``body_timeout`` seconds with 408. ``prepare_workers`` threads parse,
-    render and tokenize requests off the event loop.
+    render and tokenize requests off the event loop. ``log_requests`` logs one ``request`` event
+    per ended request (the access log).
     """
     metrics = metrics or ServerMetrics(service.draft_width)
     # steps run by warmup and calibration are not serving traffic
@@ -134,11 +151,13 @@ def build_app(service: AsyncEngineService, *, model_name: str, metrics: ServerMe
                                prompt_tokens=service.max_model_len - service.reserve - 1)
     workers = concurrent.futures.ThreadPoolExecutor(max_workers=prepare_workers, thread_name_prefix="dspark-prepare")
     generation = GenerationHandler(service, metrics, preparer, workers, completion_max_tokens=completion_max_tokens,
-                                   max_body_bytes=max_body_bytes, body_timeout=body_timeout)
+                                   max_body_bytes=max_body_bytes, body_timeout=body_timeout,
+                                   log_requests=log_requests)
     routes = [
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

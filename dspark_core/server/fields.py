@@ -153,11 +153,17 @@ def prompt(name: str, value: Any) -> str | list[int]:
         if not value:
             raise bad(name, "must not be empty")
         return check_unicode(name, value)
-    if isinstance(value, list) and all(_is_int(t) for t in value):
-        if not value:
-            raise bad(name, "must not be empty")
-        return list(value)
-    raise _type_error(name, "string or array of token ids (integers)", value)
+    if not isinstance(value, list):
+        raise _type_error(name, "string or array of token ids (integers)", value)
+    if not value:
+        raise bad(name, "must not be empty")
+    if all(isinstance(t, str) for t in value):
+        raise bad(name, f"an array of {len(value)} strings is several prompts; this server takes one prompt per "
+                  "request (send a string, or an array of token ids)", "unsupported_value")
+    for i, token in enumerate(value):
+        if not _is_int(token):
+            raise _type_error(f"{name}[{i}]", "integer token id", token)
+    return list(value)
 
 
 def content(name: str, value: Any) -> str:

@@ -4,8 +4,10 @@ One :class:`GenerationHandler` serves ``/v1/completions`` and
 ``/v1/chat/completions``: it checks the service can take work, reads the body
 under its limits, prepares it on the worker pool, hands it to the service and
 answers with one JSON body or an SSE stream. A client that goes away has its
-request cancelled so the slot is freed at once; every request is counted in
-the metrics exactly once, with the status it ended with.
+request cancelled so the slot is freed at once. Every request ends in
+:meth:`GenerationHandler.ended` exactly once, with the status it ended with: it
+is counted in the metrics there and, unless request logging is off, logged as
+one ``request`` event (the server's access log).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from dspark_core.engine.request import SamplingParams
+from dspark_core.audit import get_logger
+from dspark_core.engine.request import RequestOutput, SamplingParams
 from dspark_core.server.events import Failed, Finished, Submission, Tokens
 from dspark_core.server.failures import CLIENT_CLOSED, error_response, internal_error
 from dspark_core.server.metrics import ServerMetrics
@@ -34,7 +38,7 @@ class GenerationHandler:
 
     def __init__(self, service: AsyncEngineService, metrics: ServerMetrics, preparer: RequestPreparer,
                  workers: concurrent.futures.Executor, *, completion_max_tokens: int, max_body_bytes: int,
-                 body_timeout: float) -> None:
+                 body_timeout: float, log_requests: bool = True) -> None:
         self.service = service
         self.metrics = metrics
         self.preparer = preparer
@@ -43,6 +47,7 @@ class GenerationHandler:
         self.completion_max_tokens = completion_max_tokens
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.log = get_logger("server") if log_requests else None
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
@@ -59,15 +64,16 @@ class GenerationHandler:
             try:
                 req, sub = await self._submit(request, chat)
             except ApiError as error:
-                self.metrics.count_request(endpoint, error.status)
+                self.ended(endpoint, error.status, error=error)
                 return error_response(error)
             except ClientGone:
-                self.metrics.count_request(endpoint, CLIENT_CLOSED)
+                self.ended(endpoint, CLIENT_CLOSED)
                 return Response(status_code=CLIENT_CLOSED)
             return await self.respond(request, sub, req, chat, endpoint)
         except Exception as exc:
-            self.metrics.count_request(endpoint, 500)
-            return error_response(internal_error(request.url.path, exc))
+            failure = internal_error(request.url.path, exc)
+            self.ended(endpoint, 500, error=failure)
+            return error_response(failure)
 
     async def _submit(self, request: Request, chat: bool) -> tuple[GenerationRequest, Submission]:
         service = self.service
@@ -80,7 +86,7 @@ class GenerationHandler:
         req, ids = await loop.run_in_executor(self.workers, self.preparer.prepare, body, chat)
         max_tokens = check_lengths(len(ids), req.max_tokens, max_model_len=service.max_model_len,
                                    reserve=service.reserve,
-                                   default_max_tokens=None if chat else self.completion_max_tokens)
+                                   default_max_tokens=None if chat else self.completion_max_tokens, chat=chat)
         params = SamplingParams(max_tokens=max_tokens, stop=req.stop, ignore_eos=req.ignore_eos)
         return req, service.submit(ids, params, stream=req.stream)
 
@@ -93,18 +99,46 @@ class GenerationHandler:
                                      headers={"Cache-Control": "no-cache"})
         event = await self.wait_final(sub, request)
         if event is None or (isinstance(event, Finished) and event.output is None):  # the client went away
-            self.metrics.count_request(endpoint, CLIENT_CLOSED)
+            self.ended(endpoint, CLIENT_CLOSED, sub=sub, rid=rid)
             return Response(status_code=CLIENT_CLOSED)
         if isinstance(event, Failed):
-            self.metrics.count_request(endpoint, event.error.status)
+            self.ended(endpoint, event.error.status, sub=sub, error=event.error, rid=rid)
             return error_response(event.error)
         output = event.output
         assert output is not None  # a Finished event without output was handled above
         self.record(sub, event)
         body = completion_body(rid, int(time.time()), self.model_name, chat=chat, text=output.text, output=output,
                                token_ids=req.return_token_ids)
-        self.metrics.count_request(endpoint, 200)
+        self.ended(endpoint, 200, sub=sub, output=output, rid=rid)
         return JSONResponse(body)
+
+    def ended(self, endpoint: str, status: int, *, sub: Submission | None = None, output: RequestOutput | None = None,
+              error: ApiError | None = None, rid: str | None = None) -> None:
+        """A request ended with ``status``: count it in the metrics and log its one ``request`` event.
+
+        The event carries what is known of it: refused before admission, only the status and the
+        error; admitted, its prompt length, seconds since admission and time to first token; finished,
+        its tokens, finish reason and how speculation went (steps, accepted length per step).
+        """
+        self.metrics.count_request(endpoint, status)
+        if self.log is None:
+            return
+        event: dict[str, Any] = {"endpoint": endpoint, "status": status}
+        if rid is not None:
+            event["id"] = rid  # the response's id, as the client sees it
+        if sub is not None:
+            event.update(stream=sub.stream, prompt_tokens=len(sub.prompt), completion_tokens=sub.sent,
+                         seconds=round(time.monotonic() - sub.submitted, 4))
+            if sub.first_token is not None:
+                event["ttft_seconds"] = round(sub.first_token - sub.submitted, 4)
+        if output is not None:
+            event.update(request_id=output.request_id, completion_tokens=len(output.token_ids),
+                         finish_reason=output.finish_reason, steps=output.steps,
+                         accepted_length=round(output.accepted_length, 3), draft_off_steps=output.draft_off_steps,
+                         copy_steps=output.copy_steps)
+        if error is not None:
+            event.update(error_code=error.code, error=error.message)
+        (self.log.error if status >= 500 else self.log.info)("request", **event)
 
     def record(self, sub: Submission, event: Finished) -> None:
         """Request-level metrics (tokens, latencies, finish reason) of a finished request."""
@@ -152,13 +186,14 @@ class GenerationHandler:
         except Exception as exc:  # a bug while streaming: end this stream cleanly, keep serving the others
             finished = True
             self.service.cancel(sub)
-            self.metrics.count_request(endpoint, 500)
-            yield b"data: " + JSONResponse(internal_error(f"stream {rid}", exc).body()).body + b"\n\n"
+            error = internal_error(f"stream {rid}", exc)
+            self.ended(endpoint, 500, sub=sub, error=error, rid=rid)
+            yield b"data: " + JSONResponse(error.body()).body + b"\n\n"
             yield DONE
         finally:
             if not finished:  # the client disconnected mid-stream (or the server is closing the connection)
                 self.service.cancel(sub)
-                self.metrics.count_request(endpoint, CLIENT_CLOSED)
+                self.ended(endpoint, CLIENT_CLOSED, sub=sub, rid=rid)
 
     def _final_chunks(self, sub: Submission, req: GenerationRequest, event: Finished | Failed, writer: ChunkWriter,
                       deltas: TextDeltas, endpoint: str) -> list[bytes]:
@@ -168,7 +203,7 @@ class GenerationHandler:
         the connection as soon as it has read them.
         """
         if isinstance(event, Failed):
-            self.metrics.count_request(endpoint, event.error.status)
+            self.ended(endpoint, event.error.status, sub=sub, error=event.error, rid=writer.rid)
             return [b"data: " + JSONResponse(event.error.body()).body + b"\n\n", DONE]
         output = event.output
         if output is None:  # the engine dropped the request (shutdown): end the stream as a bug would
@@ -180,5 +215,5 @@ class GenerationHandler:
         last = writer.chunk(rest, output.finish_reason, extra={"dspark": summary})
         usage = writer.usage_chunk(output.prompt_tokens, len(output.token_ids)) if req.include_usage else b""
         self.record(sub, event)
-        self.metrics.count_request(endpoint, 200)
+        self.ended(endpoint, 200, sub=sub, output=output, rid=writer.rid)
         return [last, usage, DONE] if usage else [last, DONE]

@@ -5,7 +5,7 @@ field. The accepted fields are listed in :data:`COMMON_FIELDS`,
 :data:`COMPLETION_FIELDS` and :data:`CHAT_FIELDS`; anything else is refused
 rather than silently ignored, so a client never believes a setting took effect
 when it did not. Decoding is greedy only, so ``temperature`` must be sent and
-must be 0.
+must be 0. An optional field sent as ``null`` takes its default.
 """
 
 from __future__ import annotations
@@ -115,6 +115,9 @@ def parse_request(body: bytes, *, chat: bool) -> GenerationRequest:
         raise bad(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                   f"(supported: {', '.join(sorted(fields))})", "unknown_field")
     main = "messages" if chat else "prompt"
+    # an optional field sent as null means "the default", as in OpenAI's API (clients built from
+    # typed models send every field); the required ones must carry a value
+    data = {name: value for name, value in data.items() if value is not None or name in (main, "temperature")}
     for required in (main, "temperature"):
         if required not in data:
             hint = " (this server decodes greedily only: send temperature=0)" if required == "temperature" else ""
@@ -134,19 +137,21 @@ def parse_request(body: bytes, *, chat: bool) -> GenerationRequest:
 
 
 def check_lengths(prompt_tokens: int, max_tokens: int | None, *, max_model_len: int, reserve: int,
-                  default_max_tokens: int | None) -> int:
+                  default_max_tokens: int | None, chat: bool = False) -> int:
     """The request's effective max_tokens, or a 400 quoting the numbers when it does not fit.
 
     ``reserve`` context positions are kept free for speculation (two launched
     steps of draft width + 1 rows). A missing max_tokens becomes
-    ``default_max_tokens`` capped to the room left, or all of it when None.
+    ``default_max_tokens`` capped to the room left, or all of it when None. A chat request's
+    prompt is its messages in the chat template, and the error names ``messages``.
     """
     usable = max_model_len - reserve
     room = usable - prompt_tokens
     if room < 1:
-        raise ApiError(400, f"prompt is {prompt_tokens} tokens; this model's context is {max_model_len} tokens, of "
+        what = "messages: the conversation in the chat template is" if chat else "prompt is"
+        raise ApiError(400, f"{what} {prompt_tokens} tokens; this model's context is {max_model_len} tokens, of "
                        f"which {reserve} are reserved for speculation, so a prompt may have at most {usable - 1} "
-                       "tokens", param="prompt", code="context_length_exceeded")
+                       "tokens", param="messages" if chat else "prompt", code="context_length_exceeded")
     if max_tokens is None:
         return room if default_max_tokens is None else min(default_max_tokens, room)
     if max_tokens > room:
