@@ -22,6 +22,9 @@ class KVCache:
 
     keys: torch.Tensor  # [num_layers, num_slots, kv_heads, max_len, head_dim]
     values: torch.Tensor
+    # positions a request may use (None: all of them); fewer than allocated where reads need a
+    # longer cache than requests do (a batch-invariant target's whole key blocks)
+    limit: int | None = None
 
     @classmethod
     def allocate(
@@ -34,10 +37,16 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        allocated_len: int | None = None,
     ) -> KVCache:
-        """Zero-filled cache; allocation happens here once, never during a step."""
-        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        """Zero-filled cache; allocation happens here once, never during a step. ``allocated_len``
+        (at least ``max_len``) allocates more positions than requests may use, for reads only."""
+        allocated = max_len if allocated_len is None else allocated_len
+        if allocated < max_len:
+            raise ModelError(f"KV cache: allocated_len {allocated} is below max_len {max_len}")
+        shape = (num_layers, num_slots, kv_heads, allocated, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   None if allocated == max_len else max_len)
 
     @property
     def num_slots(self) -> int:
@@ -45,7 +54,13 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
+        """Positions allocated per slot (what reads may span)."""
         return int(self.values.shape[3])
+
+    @property
+    def usable_len(self) -> int:
+        """Positions a request may write and attend to."""
+        return self.max_len if self.limit is None else self.limit
 
     def write(self, layer: int, slot_of_row: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ([G, kv_heads, head_dim]) of each row at (slot, position)."""
@@ -64,7 +79,7 @@ class KVCache:
 
     def check_fits(self, max_position: int, num_slots_needed: int | None = None) -> None:
         """Raise a clear error when a position or slot does not fit this cache."""
-        if max_position >= self.max_len:
-            raise ModelError(f"KV cache holds {self.max_len} positions per slot; position {max_position} does not fit")
+        if max_position >= self.usable_len:
+            raise ModelError(f"KV cache holds {self.usable_len} positions per slot; position {max_position} does not fit")
         if num_slots_needed is not None and num_slots_needed > self.num_slots:
             raise ModelError(f"KV cache has {self.num_slots} slots; slot {num_slots_needed - 1} does not exist")

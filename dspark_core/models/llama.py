@@ -22,8 +22,8 @@ from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
-                                      invariant_kv_length, invariant_linear, linear, products_rows_invariant,
-                                      rms_norm, rope_cos_sin, swiglu)
+                                      invariant_cache_length, invariant_kv_length, invariant_linear, linear,
+                                      products_rows_invariant, rms_norm, rope_cos_sin, swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -131,8 +131,10 @@ class LlamaTarget(nn.Module):
         # Batch-invariant attention computes in float32 at least: such a cache saves converting every
         # layer's keys and values on every step (bfloat16 keys convert exactly, once, when written).
         dtype = torch.promote_types(self.dtype, torch.float32) if self.batch_invariant else self.dtype
+        # invariant reads stop at the cache's end: its last block must be one they are checked for
+        allocated = invariant_cache_length(max_len) if self.batch_invariant else max_len
         return KVCache.allocate(c.num_layers, num_slots, max_len, self.head_config.num_kv_heads, c.head_dim,
-                                dtype=dtype, device=self.device)
+                                dtype=dtype, device=self.device, allocated_len=allocated)
 
     # -- forward ---------------------------------------------------------------
 
