@@ -50,7 +50,7 @@ from dspark_core.commands.bench import _policies, parse_variants
 from dspark_core.engine.costs import TierCosts
 from dspark_core.engine.records import StepReport
 from dspark_core.geometry import Geometry
-from dspark_core.plugins import default_hooks
+from dspark_core.plugins import default_hooks, load_hooks
 from dspark_core.policy import TierContext, observe_step, plan_step, step_draft_depth
 from dspark_core.resolve import parse_draft_depths
 from dspark_core.table import load_table
@@ -232,9 +232,10 @@ def replay(traces: list[Trace], temperatures: np.ndarray, width: int, policy, co
     return {"tokens_per_second": tokens / seconds, "steps": int(steps), "draft_off_share": off_steps / steps}
 
 
-def make_policies(names: list[str], extra: dict, width: int) -> dict:
-    """The bench's policies by name (``fixed-kN``, ``fixed``, any registered policy) plus labelled extras."""
-    return _policies(default_hooks(), names, width, extra, option="--extra")
+def make_policies(names: list[str], extra: dict, width: int, plugins: tuple[str, ...] = ()) -> dict:
+    """The bench's policies by name (``fixed-kN``, ``fixed``, any registered policy, those of ``plugins``
+    included) plus labelled extras."""
+    return _policies(load_hooks(plugins) if plugins else default_hooks(), names, width, extra, option="--extra")
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -261,7 +262,7 @@ def replay_command(args: argparse.Namespace) -> int:
     for draft, (traces, temperatures) in load_traces(args.traces).items():
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             rates = {}
-            for name, policy in make_policies(names, extra, width).items():
+            for name, policy in make_policies(names, extra, width, tuple(args.plugin)).items():
                 rates[name] = replay(traces, temperatures, width, policy, concurrency, belief, truth, depths,
                                      args.drafted_scale, args.time_noise, args.seed)
             base = rates["none"]["tokens_per_second"]
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--concurrency", default="1,4,16")
     rep.add_argument("--policies", default="adaptive,fixed-k1,fixed-k2,fixed-k3,fixed-k5,fixed-k7")
     rep.add_argument("--extra", default="{}", help='JSON: {"label": ["policy", {options}]}')
+    rep.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE",
+                     help="extra plugin whose policies --policies and --extra may name (repeatable)")
     rep.add_argument("--belief", default="table",
                      help="'table', 'refit:SIGMA:SEED' or another saved table (e.g. a second calibration) to decide on")
     rep.add_argument("--draft_depths", default="full",

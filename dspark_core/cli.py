@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if extras:  # the command's own usage, not the top level's, and the flag that was probably meant
-        _command_parser(parser, args.command).error(unknown_flags_message(_command_parser(parser, args.command), extras))
+        command = _command_parser(parser, args.command)
+        command.error(unknown_flags_message(command, extras))
     try:
         return int(args._run(args) or 0)
     except DSparkError as exc:

@@ -103,10 +103,15 @@ def dspark_graph_backend(name: str, device: DeviceSpec) -> GraphBackend | None:
 def dspark_cost_model(name: str) -> CostModel | None:
     """Return the cost-model object for ``name`` ("additive", "sps", ...).
 
-    The object fits full-step costs from calibration samples, predicts the
-    cost of a (request bucket, target rows, KV length) point, reports its
-    coverage and (de)serialises its parameters for the cost-table bundle.
-    Return ``None`` for names that are not yours.
+    The object fits full-step costs from the calibration samples of one
+    context interval (the table keeps one fit per interval, so the KV length
+    picks the fit), and each fit predicts the seconds of a (request bucket,
+    target rows) step, reports its coverage and (de)serialises its parameters
+    for the cost-table bundle. A fit that also prices a draft-off step
+    (``predict_draft_off_seconds``) lets ``adaptive`` leave the draft off where
+    it does not pay; without it there is no draft-off price. See
+    :class:`dspark_core.costs.base.CostModel` and ``FittedCost``. Return
+    ``None`` for names that are not yours.
     """
 
 

@@ -19,7 +19,7 @@ from attrs import frozen
 
 from dspark_core import hookspecs
 from dspark_core.components import Component
-from dspark_core.errors import PluginError
+from dspark_core.errors import DSparkError, PluginError
 
 if TYPE_CHECKING:  # annotations only: the manager sits below everything it returns
     from dspark_core.calibration.install import StartupRuntime
@@ -102,12 +102,28 @@ def build_plugin_manager(plugins: Sequence[str] = (), *, autoload: bool = True) 
             raise PluginError(f"--plugin {spec}: this plugin is blocked")
         if pm.has_plugin(spec):
             continue
-        pm.register(_import_plugin(spec), name=spec)
+        module = _import_plugin(spec)
+        pm.register(module, name=spec)
+        _check_marked(pm, spec, module)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin {exc.plugin!r} implements an unknown hook: {exc}") from None
+        plugin_name = pm.get_name(exc.plugin)
+        where = getattr(exc.plugin, "__file__", None) or plugin_name
+        unknown = str(exc.args[0]).replace(f" in plugin {exc.plugin!r}", "")  # pluggy repeats the module's repr
+        raise PluginError(f"plugin {plugin_name!r} ({where}) implements an unknown hook: {unknown} (the hooks are listed by "
+                          "`dspark-core plugins` and documented in dspark_core/hookspecs.py)") from None
     return pm
+
+
+def _check_marked(pm: pluggy.PluginManager, spec: str, module: object) -> None:
+    """A ``--plugin`` module whose ``dspark_*`` functions lack ``@hookimpl`` would load and do nothing."""
+    unmarked = sorted(name for name in dir(module) if name.startswith("dspark_") and callable(getattr(module, name))
+                      and pm.parse_hookimpl_opts(module, name) is None)
+    if unmarked:
+        raise PluginError(f"--plugin {spec}: {', '.join(unmarked)} {'is' if len(unmarked) == 1 else 'are'} not marked "
+                          "as a hook implementation, so it would never be called; decorate it with @hookimpl "
+                          "(from dspark_core.hookspecs import hookimpl)")
 
 
 def _plugin_version(pm: pluggy.PluginManager, name: str, plugin: object) -> str:
@@ -166,9 +182,23 @@ class Hooks:
         return self._select("cost_model", name, self._hook.dspark_cost_model(name=name))
 
     def budget_policy(self, name: str, options: Mapping[str, Any] | None = None) -> BudgetPolicy:
-        """A new budget policy ``name`` built with ``options``."""
-        result = self._hook.dspark_budget_policy(name=name, options=dict(options or {}))
-        return self._select("budget_policy", name, result)
+        """A new budget policy ``name`` built with ``options``; a policy object lacking a required
+        attribute, or a plugin failing on the options with anything but a clear error, is a
+        PluginError naming the policy."""
+        from dspark_core.policy import check_policy
+
+        options = dict(options or {})
+        try:
+            result = self._hook.dspark_budget_policy(name=name, options=options)
+        except DSparkError:
+            raise
+        except Exception as exc:  # e.g. MyPolicy(**options) with an option it does not take
+            raise PluginError(f"budget policy {name!r} could not be built with options {options}: "
+                              f"{type(exc).__name__}: {exc} (a policy should refuse bad options with "
+                              "dspark_core.errors.ConfigError, naming them)") from exc
+        policy = self._select("budget_policy", name, result)
+        check_policy(name, policy)
+        return policy
 
     def model_family(self, architecture: str) -> ModelFamily:
         """The model family serving checkpoints of ``architecture``."""

@@ -31,6 +31,7 @@ import torch
 from attrs import frozen
 
 from dspark_core.device import host_to_device
+from dspark_core.errors import PluginError
 from dspark_core.geometry import full_width_rows
 
 if TYPE_CHECKING:
@@ -111,6 +112,39 @@ class BudgetPolicy(Protocol):
 
     def split(self, kernels: KernelSet, confidences: torch.Tensor, caps: torch.Tensor, choice: TierChoice,
               request_bucket: int) -> torch.Tensor: ...
+
+
+#: What every budget policy must have (the optional ones are read with getattr and a default).
+POLICY_ATTRIBUTES = ("name", "uses_draft", "tier_lag", "choose_tier", "split")
+
+
+def check_policy(name: str, policy: object) -> None:
+    """Refuse, when it is selected, a policy object that lacks what :class:`BudgetPolicy` requires,
+    naming it, rather than failing at its first step with an AttributeError."""
+    missing = [attribute for attribute in POLICY_ATTRIBUTES if not hasattr(policy, attribute)]
+    if missing:
+        raise PluginError(f"budget policy {name!r} ({type(policy).__module__}.{type(policy).__qualname__}) lacks "
+                          f"{', '.join(missing)}; a budget policy has {', '.join(POLICY_ATTRIBUTES)} "
+                          "(see dspark_core.policy.BudgetPolicy)")
+
+
+def check_choice(policy: BudgetPolicy, ctx: TierContext, choice: object) -> TierChoice:
+    """``choice`` if it is a tier this step can run, else a PluginError naming the policy.
+
+    Checked on the host every step, before anything is launched: a plain type test and a lookup
+    in the bucket's few tiers. A drafted choice must be one of the bucket's captured tiers or full
+    width (what :func:`smallest_tier` returns), a draft-off choice the bucket itself, one row per
+    request.
+    """
+    if not isinstance(choice, TierChoice):
+        raise PluginError(f"budget policy {policy.name!r}: choose_tier returned {type(choice).__name__}; "
+                          "expected a dspark_core.policy.TierChoice")
+    legal = (ctx.request_bucket,) if choice.draft_off else sorted({*ctx.tiers, ctx.full_width})
+    if choice.rows not in legal:
+        raise PluginError(f"budget policy {policy.name!r} chose {choice.rows!r} target rows at request bucket "
+                          f"{ctx.request_bucket}; {'a draft-off step has' if choice.draft_off else 'the captured tiers are'} "
+                          f"{', '.join(map(str, legal))} (dspark_core.policy.smallest_tier rounds up to one)")
+    return choice
 
 
 def reads_confidences(policy: object) -> bool:

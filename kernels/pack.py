@@ -67,7 +67,9 @@ def make_pack(width: int):
         # a host read, so only outside static-shape mode (graph capture); the budget split
         # never asks for more rows than the tier has
         if not static_shapes_active() and int(total) > tier_rows:
-            raise ValueError(f"{int(total)} rows do not fit tier {tier_rows}")
+            raise ValueError(f"{int(total)} rows do not fit tier {tier_rows}: the budget policy's split asks for "
+                             f"{int(total)} rows (its verify lengths plus one anchor per request), more than the tier its "
+                             "choose_tier chose")
         target_index = offsets[:-1].unsqueeze(1) + column.unsqueeze(0)
         # unused grid cells go to a sink index past the end, then get cut off
         target_index = torch.where(used, target_index, torch.full_like(target_index, tier_rows))

@@ -349,3 +349,27 @@ def test_bench_device_flag_reaches_the_launch_and_fails_clearly_without_cuda(tmp
     code = main(["bench", f"--model={tmp_path / 'missing.gguf'}", "--device=cuda"])
     assert code == 2
     assert "device=cuda: this PyTorch build sees no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_runs_a_policy_from_a_plugin_module(tmp_path, capsys, monkeypatch):
+    """A policy loaded with --plugin (no entry point) can be named in --policies, as serve's flag allows."""
+    (tmp_path / "bench_policy_plugin.py").write_text(
+        "from dspark_core.hookspecs import hookimpl\n"
+        "from dspark_plugins.policies.fixed import FixedPolicy\n\n"
+        "@hookimpl\n"
+        "def dspark_budget_policy(name, options):\n"
+        "    return FixedPolicy(2) if name == 'two-always' else None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target, draft = write_tiny_pair(tmp_path)
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"request_buckets": [1], "contexts": [
+        {"prefill_tokens": 8, "min_kv_length": 1, "max_kv_length": 120}],
+        "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}))
+    flags = ["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5", "--concurrency=1",
+             "--prompts_per_concurrency=1", "--max_tokens=6", "--rounds=1", f"--calibration={cal}", "--json",
+             "--device=cpu", "--max_seqs_per_batch=1", "--policies=none,two-always"]
+    assert main(flags) == 2  # without the plugin the name is unknown, before any model is loaded
+    assert "no budget policy named 'two-always'" in capsys.readouterr().err
+    assert main([*flags, "--plugin=bench_policy_plugin"]) == 0
+    rows = {row["policy"]: row for row in json.loads(capsys.readouterr().out)["results"]}
+    assert 1 < rows["two-always"]["mean_verify_width"] <= 2  # the last step of an answer may verify less

@@ -82,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "so machine noise falls on all policies alike; each policy's times run on its own clock. "
                              "Without schedule overlap: it ranks policies, the default mode measures the served "
                              "setting (in-process mode).")
+    parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE",
+                        help="Extra plugin (repeatable), as serve's flag: its policies can then be named in --policies "
+                             "and --policy_variants (in-process mode).")
     parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
@@ -102,6 +105,7 @@ def _engine(args: argparse.Namespace, launches: list | None = None, extra_engine
              f"--cpu_threads={getattr(args, 'cpu_threads', 0)}",
              f"--captured_kv_spans={getattr(args, 'captured_kv_spans', 'auto')}",
              f"--draft_depths={getattr(args, 'draft_depths', 'auto')}"]
+    flags += [f"--plugin={name}" for name in getattr(args, "plugin", [])]
     copies = getattr(args, "copy_proposals", "auto")
     flags.append(f"--copy_proposals={'on' if copies == 'both' else copies}")
     largest = getattr(args, "max_seqs_per_batch", 16)  # the captured request buckets end there too
@@ -268,11 +272,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--interleave needs the in-process engine; a server runs one policy (drop --url)")
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
     else:
-        from dspark_core.plugins import default_hooks
+        from dspark_core.plugins import load_hooks
 
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         variants = parse_variants(args.policy_variants)
-        preview = _policies(default_hooks(), names, width, variants)  # a typo fails now, not after the calibration
+        # a typo fails now, not after the calibration
+        preview = _policies(load_hooks(getattr(args, "plugin", [])), names, width, variants)
         if args.copy_proposals == "both":
             with_and_without_copies(preview)  # adds the twins in place, so the memory check counts them
         launches: list = []

@@ -30,7 +30,7 @@ from attrs import define, frozen
 from dspark_core.engine.runner import ModelRunner, pack_host_result, pad_to
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, copy_step_choice, draft_off_choice,
+from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, check_choice, copy_step_choice, draft_off_choice,
                                 reads_confidences, split_rows)
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
@@ -187,7 +187,7 @@ def select_budget(step: DecodeStep, proposal: Proposal, *, split_in_verify: bool
             tier_confidences = np.empty((step.slots.shape[0], 0))
         elif tier_confidences is None:
             tier_confidences = proposal.confidences.cpu().numpy().astype(np.float64)
-        choice = policy.choose_tier(step.tier_context, tier_confidences, caps)
+        choice = check_choice(policy, step.tier_context, policy.choose_tier(step.tier_context, tier_confidences, caps))
         split = policy.split
     if split_in_verify and choice.lengths is None and split is allocate_split:
         return Budget(choice, None)  # the allocate kernel runs inside the verify key
