@@ -367,7 +367,7 @@ def test_bench_runs_a_policy_from_a_plugin_module(tmp_path, capsys, monkeypatch)
         "warmup_steps": 1, "window_steps": 2, "windows_per_point": 1}))
     flags = ["bench", f"--model={target}", f"--draft_model={draft}", "--num_speculative_tokens=5", "--concurrency=1",
              "--prompts_per_concurrency=1", "--max_tokens=6", "--rounds=1", f"--calibration={cal}", "--json",
-             "--device=cpu", "--max_seqs_per_batch=1", "--policies=none,two-always"]
+             "--device=cpu", "--max_seqs_per_batch=1", "--policies=none,two-always", f"--output_dir={tmp_path / 'out'}"]
     assert main(flags) == 2  # without the plugin the name is unknown, before any model is loaded
     assert "no budget policy named 'two-always'" in capsys.readouterr().err
     assert main([*flags, "--plugin=bench_policy_plugin"]) == 0
