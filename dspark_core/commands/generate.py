@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_tokens", type=int, default=64, help="Most new tokens per prompt (stops earlier at EOS).")
     parser.add_argument("--max_batch", type=int, default=16, help="Largest request bucket (prompts decoded together).")
     parser.add_argument("--device", default="cpu",
-                        help="cpu, cuda, cuda:N, npu or auto; the device plugin says when one is not usable here.")
+                        help="cpu, cuda, cuda:N, npu or auto; the device plugin says when one is not usable here. "
+                             "Default: cpu (serve and bench default to auto).")
     parser.add_argument("--dtype", choices=["auto", *sorted(_DTYPES)], default="auto",
                         help="Compute dtype, as serve's flag (`auto`: the device's default, float32 on CPU and CUDA).")
     parser.add_argument("--draft_dtype", choices=["auto", *sorted(_DTYPES)], default="auto",
