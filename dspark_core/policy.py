@@ -139,12 +139,17 @@ def check_choice(policy: BudgetPolicy, ctx: TierContext, choice: object) -> Tier
     if not isinstance(choice, TierChoice):
         raise PluginError(f"budget policy {policy.name!r}: choose_tier returned {type(choice).__name__}; "
                           "expected a dspark_core.policy.TierChoice")
+    if choice.draft_off:
+        runnable = choice.rows == ctx.request_bucket
+    else:
+        runnable = choice.rows in ctx.tiers or choice.rows == ctx.full_width
+    if runnable:
+        return choice
     legal = (ctx.request_bucket,) if choice.draft_off else sorted({*ctx.tiers, ctx.full_width})
-    if choice.rows not in legal:
-        raise PluginError(f"budget policy {policy.name!r} chose {choice.rows!r} target rows at request bucket "
-                          f"{ctx.request_bucket}; {'a draft-off step has' if choice.draft_off else 'the captured tiers are'} "
-                          f"{', '.join(map(str, legal))} (dspark_core.policy.smallest_tier rounds up to one)")
-    return choice
+    which = "a draft-off step has" if choice.draft_off else "the captured tiers are"
+    raise PluginError(f"budget policy {policy.name!r} chose {choice.rows!r} target rows at request bucket "
+                      f"{ctx.request_bucket}; {which} {', '.join(map(str, legal))} "
+                      "(dspark_core.policy.smallest_tier rounds up to one)")
 
 
 def reads_confidences(policy: object) -> bool:
