@@ -5,7 +5,8 @@ Request r contributes its anchor (the last committed token, at position
 request-major and padded to exactly ``tier_rows`` so the verify forward always
 has a captured shape. Padding rows (bucket slots without a request, and rows
 the budget left unused) are given to the scratch KV slot ``pad_slot`` at
-positions 0.., where their writes harm nothing.
+positions 0.., where their writes harm nothing (the model runner wraps them
+around a cache with fewer positions than the widest tier has rows).
 """
 
 from __future__ import annotations
