@@ -25,13 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"dspark_core.commands.{module_name}")
         command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_run=module.run, _parser=command)
     return parser
-
-
-def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[name]
 
 
 def unknown_flags_message(command: argparse.ArgumentParser, extras: Sequence[str]) -> str:
@@ -60,8 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if extras:  # the command's own usage, not the top level's, and the flag that was probably meant
-        command = _command_parser(parser, args.command)
-        command.error(unknown_flags_message(command, extras))
+        args._parser.error(unknown_flags_message(args._parser, extras))
     try:
         return int(args._run(args) or 0)
     except DSparkError as exc:

@@ -4,9 +4,10 @@ Request r contributes its anchor (the last committed token, at position
 ``start[r]``) followed by its first ``lengths[r]`` drafted tokens. Rows are
 request-major and padded to exactly ``tier_rows`` so the verify forward always
 has a captured shape. Padding rows (bucket slots without a request, and rows
-the budget left unused) are given to the scratch KV slot ``pad_slot`` at
-positions 0.., where their writes harm nothing (the model runner wraps them
-around a cache with fewer positions than the widest tier has rows).
+the budget left unused) are given to the scratch KV slot ``pad_slot``, all at
+position 0: their writes there harm nothing, they fit a cache of any length
+(a tier can have more rows than the cache has positions), and they do not
+widen the keys a forward reads.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def pack_reference(anchors: torch.Tensor, drafts: torch.Tensor, lengths: torch.T
     if pad < 0:
         raise ValueError(f"{len(tokens)} rows do not fit tier {tier_rows}")
     tokens += [pad_token] * pad
-    positions += list(range(pad))
+    positions += [0] * pad
     row_slots += [pad_slot] * pad
     device = anchors.device
     as_long = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
@@ -74,9 +75,8 @@ def make_pack(width: int):
         target_index = offsets[:-1].unsqueeze(1) + column.unsqueeze(0)
         # unused grid cells go to a sink index past the end, then get cut off
         target_index = torch.where(used, target_index, torch.full_like(target_index, tier_rows))
-        pad_positions = torch.arange(tier_rows, device=device) - total
         tokens = torch.full((tier_rows + 1,), pad_token, dtype=torch.int64, device=device)
-        positions = torch.cat([pad_positions, pad_positions.new_zeros(1)])
+        positions = torch.zeros(tier_rows + 1, dtype=torch.int64, device=device)
         row_slots = torch.full((tier_rows + 1,), pad_slot, dtype=torch.int64, device=device)
         flat_index = target_index.reshape(-1)
         tokens.scatter_(0, flat_index, grid_tokens.reshape(-1))

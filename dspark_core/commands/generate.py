@@ -92,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max_tokens must be >= 1, got {args.max_tokens}")
-    least = 1 if args.draft_model else 0  # without a draft the width is never used
-    if args.num_speculative_tokens < least:
-        raise ConfigError(f"--num_speculative_tokens must be >= {least}{' with a draft' if least else ''}, got "
-                          f"{args.num_speculative_tokens}" + (" (omit --draft_model to decode with the target alone)"
-                                                               if least else ""))
+    width = args.num_speculative_tokens  # without a draft it is never used, but must not be negative
+    if width < 0:
+        raise ConfigError(f"--num_speculative_tokens must be >= 0, got {width}")
+    if args.draft_model and width < 1:
+        raise ConfigError(f"--num_speculative_tokens must be >= 1 with a draft, got {width} "
+                          "(omit --draft_model to decode with the target alone)")
     started = time.perf_counter()
     engine = build_engine(args)
     loaded = time.perf_counter()

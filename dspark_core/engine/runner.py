@@ -11,7 +11,6 @@ import weakref
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-import attrs
 import torch
 
 from dspark_core.device import host_to_device
@@ -54,9 +53,6 @@ class ModelRunner:
         # KV spans (below max_len) the keys reading the cache are also prepared for (geometry.kv_spans)
         self.kv_spans = tuple(sorted(kv_spans))
         self.scratch_slot = num_slots
-        # the pack kernel puts a step's padding rows on the scratch slot at positions 0, 1, ...; where
-        # the widest step has more rows than the cache has positions, they wrap around it
-        self.wrap_padding = num_slots * (draft_width + 1) > max_len
         self.device = target.device
         self.kernels = kernels_for(draft_width)
         self.target_cache = target.new_cache(num_slots + 1, max_len)
@@ -330,9 +326,6 @@ class ModelRunner:
         lengths = torch.where(caps < 0, -1, lengths)  # empty bucket entries: no row
         anchors, starts = self.storage.anchors(slot_ids)
         packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
-        if self.wrap_padding:  # only a cache shorter than the widest step: padding rows are scratch, any cell will do
-            padding = packed.row_slots == self.scratch_slot
-            packed = attrs.evolve(packed, positions=torch.where(padding, packed.positions % self.max_len, packed.positions))
         # one more request, on the scratch slot, holds the tier's padding rows
         batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, slot_ids.new_full((1,), self.scratch_slot)]),
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),

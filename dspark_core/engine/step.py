@@ -30,8 +30,8 @@ from attrs import define, frozen
 from dspark_core.engine.runner import ModelRunner, pack_host_result, pad_to
 from dspark_core.engine.slots import SlotStorage
 from dspark_core.plugins import Hooks
-from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, check_choice, copy_step_choice, draft_off_choice,
-                                reads_confidences, split_rows)
+from dspark_core.policy import (BudgetPolicy, TierChoice, TierContext, allocate_split, check_choice, copy_step_choice,
+                                draft_off_choice, reads_confidences, split_rows)
 from dspark_kernels.accept_commit import Acceptance
 from dspark_kernels.pack import PackedRows
 

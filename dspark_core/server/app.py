@@ -30,7 +30,7 @@ from starlette.routing import Route
 from dspark_core.server.failures import CLIENT_CLOSED, error_response, internal_error
 from dspark_core.server.generation import GenerationHandler
 from dspark_core.server.metrics import ServerMetrics
-from dspark_core.server.prepare import PROMPT_SLACK, RequestPreparer, longest_token_chars
+from dspark_core.server.prepare import PROMPT_SLACK, RequestPreparer, longest_token_chars, model_not_found
 from dspark_core.server.schema import ApiError
 from dspark_core.server.service import AsyncEngineService
 
@@ -59,9 +59,7 @@ async def retrieve_model(request: Request) -> Response:
     if not name:  # "/v1/models/": the list was meant
         return await http_error(request, HTTPException(404))
     if name != state.model_name:
-        return error_response(ApiError(404, f"model {name!r} is not served here; this server serves "
-                                       f"{state.model_name!r}", param="model", code="model_not_found",
-                                       kind="not_found_error"))
+        return error_response(model_not_found(name, state.model_name))
     return JSONResponse(_model_card(state))
 
 

@@ -41,6 +41,13 @@ def _template_errors() -> tuple[type[BaseException], ...]:
     return (DSparkError,)
 
 
+def model_not_found(requested: str, served: str) -> ApiError:
+    """The 404 for a request (or a model lookup) naming a model this server does not serve."""
+    shown = requested if len(requested) <= 200 else requested[:200] + "..."
+    return ApiError(404, f"model: {shown!r} is not served here; this server serves {served!r}", param="model",
+                    code="model_not_found", kind="not_found_error")
+
+
 class RequestPreparer:
     """Parse, validate, render and tokenize generation requests for one served model."""
 
@@ -58,9 +65,7 @@ class RequestPreparer:
         """The validated request and its prompt ids; raises :class:`ApiError` for anything a client must fix."""
         req = parse_request(body, chat=chat)
         if req.model is not None and req.model != self.model_name:
-            shown = req.model if len(req.model) <= 200 else req.model[:200] + "..."
-            raise ApiError(404, f"model: {shown!r} is not served here; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found", kind="not_found_error")
+            raise model_not_found(req.model, self.model_name)
         if req.stop and self.tokenizer is None:
             raise ApiError(400, "stop: stop strings need a tokenizer and this model has none", param="stop",
                            code="no_tokenizer")
