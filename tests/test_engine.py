@@ -344,3 +344,77 @@ def test_a_cache_shorter_than_the_widest_step_still_holds_its_padding(captured):
     finally:
         engine.close()
     assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 20)
+
+
+class _LivePacker:
+    """A plugin-style policy that sizes the tier for the live requests only (one anchor each), so with
+    one live request in a bucket of 4 it wants 1 + 7 rows and gets the 8-row tier: 4 rows past the
+    bucket's anchors, fewer than the 7 its split asks for."""
+
+    name, uses_draft, tier_lag = "live-packer", True, 0
+
+    def choose_tier(self, ctx, confidences, caps):
+        from dspark_core.policy import TierChoice, smallest_tier
+
+        live = caps >= 0
+        return TierChoice(rows=smallest_tier(ctx, int(live.sum() + caps[live].clip(max=ctx.draft_width).sum())))
+
+    def split(self, kernels, confidences, caps, choice, request_bucket):
+        return caps.clamp(max=confidences.shape[1]).long()
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_a_split_longer_than_the_tier_has_room_for_is_cut_and_stays_exact(captured):
+    """No request verifies more than G - B drafted tokens in a G-row tier of bucket B (the bound a
+    captured forward sizes attention by); a plugin split asking for more is cut to it, not trusted."""
+    from capture_support import StandInCapturedBackend
+
+    target, draft = tiny_pair(block_size=7)
+    engine = Engine(target, draft, EngineConfig(draft_width=7, policy="fixed", request_buckets=(4,), max_model_len=97),
+                    graphs=StandInCapturedBackend("cpu") if captured else None)
+    if captured:
+        engine.warmup()
+        engine.mark_ready()
+    engine.set_policy(_LivePacker())
+    prompts = [[5, 6, 7, 8]]
+    try:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+    finally:
+        engine.close()
+    assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 16)
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "fixed", "none"])
+def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy, monkeypatch):
+    """A captured verify forward cannot read how many rows each request has: it is told that a live
+    request has at most min(K, G - B) + 1 (its anchor and the drafted rows a G-row tier of B requests
+    has room for), so a 32-row tier of 4 requests pads attention to 8 rows per request, not 32, the
+    bucket's own tier to one row, and the output stays exact."""
+    from capture_support import StandInCapturedBackend
+
+    from dspark_core.graphs import static_shapes_active
+    from dspark_core.models.layers import RowLayout
+
+    widths = set()
+    build = RowLayout.build
+
+    def recorded(cls, *args, **kwargs):
+        layout = build(*args, **kwargs)
+        if static_shapes_active():
+            widths.add(int(layout.pad_index.shape[1]))
+        return layout
+
+    monkeypatch.setattr(RowLayout, "build", classmethod(recorded))
+    target, draft = tiny_pair(block_size=7)
+    engine = Engine(target, draft if policy != "none" else None,
+                    EngineConfig(draft_width=7, policy=policy, request_buckets=(4,), max_model_len=97),
+                    graphs=StandInCapturedBackend("cpu"))
+    engine.warmup()
+    engine.mark_ready()
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]
+    try:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    finally:
+        engine.close()
+    assert widths == set(range(1, 9))  # tiers of 4-32 rows: min(K, G - 4) + 1 rows per request
+    assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 12)

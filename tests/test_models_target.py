@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_core.errors import ModelError
-from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import RowLayout, attend, block_attention, greedy_tokens, grouped_mask, set_attention_kernel
+from dspark_core.graphs import static_shapes
+from dspark_core.models.base import ForwardBatch, make_forward_batch
+from dspark_core.models.layers import (RowLayout, apply_rope, attend, block_attention, greedy_tokens, grouped_mask,
+                                      rope_cos_sin, set_attention_kernel)
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -33,6 +36,22 @@ def test_decode_step_by_step_equals_full_recompute(model):
     for pos in range(4, len(tokens)):
         rows.append(model.forward(make_forward_batch([[tokens[pos]]], [pos], [1]), cache).logits)
     torch.testing.assert_close(torch.cat(rows), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("head_dim", [8, 64, 128])
+def test_rope_gives_the_bits_of_the_textbook_rotate_half(dtype, head_dim):
+    """apply_rope rolls the vector and takes the sign from its sine table: the same bits as
+    ``x * cos + cat(-x2, x1) * sin`` with plain tables, at positions up to a long context."""
+    positions = torch.arange(0, 4000, 7)
+    x = torch.randn(positions.shape[0], 5, head_dim, generator=torch.Generator().manual_seed(head_dim)).to(dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+    half = head_dim // 2
+    textbook = x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    assert torch.equal(apply_rope(x, *rope_cos_sin(positions, head_dim, 10000.0, dtype)), textbook)
 
 
 @settings(max_examples=8, deadline=None)
@@ -174,6 +193,30 @@ def test_slot_window_equals_gathered_keys_bit_for_bit(data):
     assert layouts[3].first_slot is None
 
 
+def test_a_bound_on_request_rows_sizes_static_attention_and_keeps_live_rows(monkeypatch):
+    """A captured verify forward cannot read its row counts: with ``max_request_rows`` its attention
+    is sized for that many rows per request, not the batch's; live rows keep their result and the
+    padding request's rows past the bound (nine here, at position 0 of the scratch slot) stay finite.
+    An eager forward refuses a live request above the bound."""
+    model = random_target(VARIANTS["llama"], seed=5)
+    cache = model.new_cache(4, 32)
+    model.forward(make_forward_batch([[5, 6, 7, 8], [9, 10, 11]], [0, 0], [0, 1]), cache)
+    tokens = torch.tensor([12, 13, 14, 15, 16] + [0] * 9)
+    positions = torch.tensor([4, 5, 6, 3, 4] + [0] * 9)
+    batch = ForwardBatch(tokens, positions, torch.tensor([0, 1, 3]), torch.tensor([0, 3, 5, 14]), padding_slot=3)
+    layouts = []
+    build = RowLayout.build
+    monkeypatch.setattr(RowLayout, "build", classmethod(lambda cls, *a, **k: layouts.append(build(*a, **k)) or layouts[-1]))
+    with static_shapes():
+        whole = model.forward(batch, cache).logits
+        bounded = model.forward(attrs.evolve(batch, max_request_rows=4), cache).logits
+    assert [tuple(layout.pad_index.shape) for layout in layouts] == [(3, 14), (3, 4)]
+    torch.testing.assert_close(bounded[:5], whole[:5])
+    assert torch.isfinite(bounded).all()
+    with pytest.raises(ModelError, match=r"request 0 \(slot 0\) has 3 rows, more than the batch's max_request_rows 2"):
+        model.forward(attrs.evolve(batch, max_request_rows=2), cache)
+
+
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_grouped_attention_equals_per_head_softmax(data):
@@ -193,10 +236,13 @@ def test_grouped_attention_equals_per_head_softmax(data):
     values = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
     q = torch.randn(int(offsets[-1]), heads, head_dim, generator=generator)
     mask = grouped_mask(layout.causal_mask(), heads // kv_heads, q.dtype)
+    folding = layout.head_folding(heads, kv_heads)
     for kernel in ("sdpa", "matmul"):  # SDPA, and the matmul form CUDA decode steps take
         set_attention_kernel(kernel)
         try:
             out = attend(q, keys, values, layout, mask)
+            # the forward's path: one gather each way instead of pad/fold and unfold/unpad, same bits
+            assert torch.equal(attend(q, keys, values, layout, mask, folding=folding), out)
         finally:
             set_attention_kernel("auto")
         row = 0

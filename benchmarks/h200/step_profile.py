@@ -92,12 +92,19 @@ def main() -> int:
     if max(c for _, c in args.pairs) > args.max_seqs_per_batch:
         parser.error(f"--pairs: a concurrency above --max_seqs_per_batch={args.max_seqs_per_batch} would queue requests")
     prompts = read_prompts_jsonl(args.prompts_file)
+    build_started = time.perf_counter()
     engine = _engine(argparse.Namespace(
         model=args.model, draft_model=args.draft_model, num_speculative_tokens=args.num_speculative_tokens,
         captured_target_rows="bucket_multiples", calibration=args.calibration, cost_table=args.cost_table,
         dtype=args.dtype, draft_dtype="auto", device=args.device, python_graph_backend="auto",
         max_seqs_per_batch=args.max_seqs_per_batch, captured_kv_spans=args.captured_kv_spans, json=True))
     device = str(engine.runner.device)
+    # what warmup (calibration, one private memory pool per captured graph) cost, for sizing sittings
+    built = {"engine_build_seconds": round(time.perf_counter() - build_started, 1)}
+    if device.startswith("cuda"):
+        built["cuda_memory_reserved_gib"] = round(torch.cuda.memory_reserved() / 2**30, 2)
+        built["cuda_max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    print(built, file=sys.stderr, flush=True)
     policies = _policies(engine.hooks, sorted({name for name, _ in args.pairs}), args.num_speculative_tokens)
     results = []
     for index, (name, concurrency) in enumerate(args.pairs):
@@ -129,7 +136,8 @@ def main() -> int:
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
             "dtype": args.dtype, "attention": args.attention, "captured_kv_spans": args.captured_kv_spans,
             "kv_spans": list(engine.runner.kv_spans),
-            "keys": len(engine.runner.graphs.keys) if engine.runner.graphs is not None else 0, "command": " ".join(sys.argv)}
+            "keys": len(engine.runner.graphs.keys) if engine.runner.graphs is not None else 0, **built,
+            "command": " ".join(sys.argv)}
     Path(args.output).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     return 0
 

@@ -324,12 +324,21 @@ class ModelRunner:
         elif self.draft is not None and (rows := int(draft_rows)) >= 0:  # eager: only when asked (free on a CPU)
             lengths = self.kernels.allocate(confidences, caps, rows)
         lengths = torch.where(caps < 0, -1, lengths)  # empty bucket entries: no row
+        # A tier of G rows holds one anchor per bucket entry and G - B drafted rows: no request verifies
+        # more (every shipped split already keeps within it; a plugin's is cut here, which stays exact).
+        # The bound lets a captured forward size attention for min(K, G - B) + 1 rows per request.
+        spare = max(target_rows - slot_ids.shape[0], 0)
+        if spare < self.draft_width:
+            lengths = lengths.clamp(max=spare)
         anchors, starts = self.storage.anchors(slot_ids)
         packed = self.kernels.pack(anchors, drafts, lengths, starts, slot_ids, target_rows, self.scratch_slot)
-        # one more request, on the scratch slot, holds the tier's padding rows
+        # one more request, on the scratch slot, holds the tier's padding rows. A live request has its
+        # anchor and at most min(K, G - B) drafted rows, so a captured forward sizes attention for that
+        # many rows per request instead of the tier's G (16 requests at full width: 16 times fewer
+        # scores; target-only at 16 requests: one row each, not 16)
         batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, slot_ids.new_full((1,), self.scratch_slot)]),
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
-                             padding_slot=self.scratch_slot)
+                             padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1)
         out = self.forward(batch, greedy_only=True)
         grid = gather_target_tokens(_greedy(out), packed.row_offsets, self.draft_width)
         acceptance = self.kernels.accept(drafts, lengths, grid)

@@ -62,6 +62,12 @@ class ForwardBatch:
     ``padding_slot`` names the slot of padding requests (the engine's scratch
     slot, which fixed-shape steps fill up with): their rows' logits and hidden
     states are never read, so a model may attend them to anything.
+
+    ``max_request_rows`` bounds the rows of every request not on ``padding_slot``
+    (a verify step: the anchor and at most K drafted tokens). A static-shape
+    forward cannot read the row counts, so without it a request's attention is
+    sized for all ``G`` rows; with it, for the bound, and the padding request's
+    rows past the bound share its last attended row's result.
     """
 
     tokens: torch.Tensor  # int64 [G]
@@ -69,6 +75,7 @@ class ForwardBatch:
     slot_ids: torch.Tensor  # int64 [B]
     row_offsets: torch.Tensor  # int64 [B + 1]
     padding_slot: int | None = None
+    max_request_rows: int | None = None
 
     @property
     def num_rows(self) -> int:
@@ -77,7 +84,7 @@ class ForwardBatch:
     def to(self, device: torch.device | str) -> ForwardBatch:
         """The same batch with every tensor on ``device``."""
         return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device),
-                            self.row_offsets.to(device), self.padding_slot)
+                            self.row_offsets.to(device), self.padding_slot, self.max_request_rows)
 
 
 def make_forward_batch(

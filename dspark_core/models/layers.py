@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from attrs import frozen
 
+from dspark_core.errors import ModelError
 from dspark_core.models.cpu_linear import packed_linear, takes_packed_path
 
 
@@ -32,18 +33,23 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[N, head_dim]`` for the rotate-half rotary convention."""
+    """Tables ``[N, head_dim]`` for :func:`apply_rope` (rotate-half convention): the cosines, and the
+    sines with the first half negated (the sign rotate-half gives the second half of each vector when
+    it moves to the front), so a layer rotates without negating its own rows. Built once per forward."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     angles = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    half = head_dim // 2
+    sign = torch.cat([angles.new_full((half,), -1.0), angles.new_ones(half)])
+    return angles.cos().to(dtype), (angles.sin() * sign).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ([N, heads, head_dim]) by per-row angles (rotate-half layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ([N, heads, head_dim]) by per-row angles (rotate-half layout), with the tables of
+    :func:`rope_cos_sin`: ``x * cos + roll(x, half) * signed_sin``. Bit-identical to the textbook
+    ``x * cos + cat(-x2, x1) * sin`` (a product's sign is exact), in one device kernel fewer per call:
+    the roll replaces the negation and the concatenation (every layer of every step pays for it)."""
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * signed_sin[:, None, :]
 
 
 # Fewer rows than this take a slower kernel on the CPU, so 1-3 rows are padded up to it. Packed
@@ -169,16 +175,21 @@ class RowLayout:
     @classmethod
     def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
               max_rows: int | None = None, kv_len: int | None = None, slot_window: bool = False,
-              padding_slot: int | None = None) -> RowLayout:
+              padding_slot: int | None = None, max_request_rows: int | None = None) -> RowLayout:
         """Layout of a batch. With ``max_rows`` and ``kv_len`` given (static-shape mode) nothing is
-        read back to the host and every shape is fixed by the arguments. Otherwise one host read
-        sizes it, and with ``slot_window`` the keys are read in place when the live requests'
-        slots (those not on ``padding_slot``) are close enough together."""
+        read back to the host and every shape is fixed by the arguments; a request with more rows
+        than ``max_rows`` (only the padding one may have them) attends its first ``max_rows`` and
+        its later rows read back the last of those. Otherwise one host read sizes it (and checks
+        ``max_request_rows``, the bound a static forward of the same batch would be given), and with
+        ``slot_window`` the keys are read in place when the live requests' slots (those not on
+        ``padding_slot``) are close enough together."""
         counts = row_offsets[1:] - row_offsets[:-1]
         requests = counts.shape[0]
         window = None
         if max_rows is None or kv_len is None:
             host = torch.cat([counts, slot_ids, positions.max()[None]]).tolist()  # the one host read
+            if max_request_rows is not None:
+                _check_request_rows(host[:requests], host[requests : 2 * requests], padding_slot, max_request_rows)
             max_rows = max(host[:requests]) if max_rows is None else max_rows
             kv_len = host[-1] + 1 if kv_len is None else kv_len
             if slot_window:
@@ -192,7 +203,8 @@ class RowLayout:
         rows = positions.shape[0]
         slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
         request_of_row = torch.repeat_interleave(torch.arange(requests, device=device), counts, output_size=rows)
-        step_of_row = torch.arange(rows, device=device) - row_offsets[request_of_row]
+        # (the clamp matters to a static layout's padding request only: eager layouts fit every request)
+        step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
         if window is None:
             return cls(pad_index, valid, slot_of_row, query_positions, kv_len, request_of_row * max_rows + step_of_row)
         first_slot, width, live = window
@@ -233,6 +245,35 @@ class RowLayout:
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """Padded ``[B, R_max, ...]`` -> packed ``[G, ...]`` (row order is preserved)."""
         return padded.flatten(0, 1)[self.unpad_index]
+
+    def head_folding(self, heads: int, kv_heads: int) -> HeadFolding:
+        """The gathers between packed ``[G, heads, d]`` queries and the folded attention layout
+        ``[B, kv_heads, (heads / kv_heads) * R_max, d]`` (see :func:`folded_attention`), for
+        :func:`attend`; build it once per forward, not per layer."""
+        requests, rows = self.pad_index.shape
+        head = torch.arange(heads, device=self.pad_index.device)
+        gather = (self.pad_index[:, None, :] * heads + head[None, :, None]).reshape(requests, kv_heads, -1)
+        cell, step = self.unpad_index // rows, self.unpad_index % rows
+        scatter = ((cell * heads)[:, None] + head[None, :]) * rows + step[:, None]
+        return HeadFolding(gather, scatter)
+
+
+@frozen
+class HeadFolding:
+    """Flat row indices that take packed queries straight into the folded attention layout and its
+    output straight back: one gather each way per layer, where padding then folding (and unfolding
+    then unpadding) copy the rows twice more whenever a request has more than one row."""
+
+    gather: torch.Tensor  # int64 [B, KV, groups * R_max]: rows of the packed queries viewed as [G * H, d]
+    scatter: torch.Tensor  # int64 [G, H]: rows of the folded output viewed as [B * KV * groups * R_max, d]
+
+
+def _check_request_rows(counts: list[int], slots: list[int], padding_slot: int | None, bound: int) -> None:
+    """Raise when a request not on ``padding_slot`` has more rows than a static forward would attend."""
+    for request, (count, slot) in enumerate(zip(counts, slots)):
+        if count > bound and slot != padding_slot:
+            raise ModelError(f"request {request} (slot {slot}) has {count} rows, more than the batch's "
+                             f"max_request_rows {bound}")
 
 
 def grouped_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -409,7 +450,7 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m
 
 
 def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor | None,
-           invariant: bool = False, bands: list | None = None) -> torch.Tensor:
+           invariant: bool = False, bands: list | None = None, folding: HeadFolding | None = None) -> torch.Tensor:
     """Attention of packed queries ``[G, H, hd]`` over per-request keys ``[B, KV, L, hd]``.
 
     Returns ``[G, H * hd]``. ``mask`` comes from :func:`grouped_mask`. Query head ``h`` reads
@@ -423,12 +464,22 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     :func:`invariant_kv_length`), so a row's output does not depend on the other rows or on how
     many keys past its own position the batch reads. ``bands`` (invariant only, instead of
     ``mask``): :mod:`~dspark_core.models.row_bands`, so a request pays for its own rows only.
+    ``folding`` (:meth:`RowLayout.head_folding`, with ``mask``): the same values through one gather
+    each way instead of padding, folding and their inverses.
     """
     if invariant and bands is not None:
         from dspark_core.models.row_bands import banded_attention
 
         return layout.unpad(banded_attention(layout.pad(q_rows), keys, values, bands)).reshape(q_rows.shape[0], -1)
     assert mask is not None, "attend needs the additive mask unless row bands are given"
+    if folding is not None:
+        head_dim = q_rows.shape[-1]
+        folded = q_rows.reshape(-1, head_dim)[folding.gather]  # [B, KV, groups * R, hd]
+        if invariant:
+            out = invariant_attention(folded, keys, values, mask)
+        else:
+            out = _default_attention(folded, keys.to(folded.dtype), values.to(folded.dtype), mask)
+        return out.reshape(-1, head_dim)[folding.scatter].reshape(q_rows.shape[0], -1)
     q = layout.pad(q_rows)  # [B, R, H, hd]
     if invariant:
         out = folded_attention(q, keys, values, mask, invariant_attention)

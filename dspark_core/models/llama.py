@@ -200,11 +200,14 @@ class LlamaTarget(nn.Module):
             kv_len = static_kv_length(cache.max_len)
             if self.batch_invariant:  # whole key blocks, as the eager forward reads them
                 kv_len = invariant_kv_length(kv_len, cache.max_len)
-            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=batch.num_rows,
+            # a request's attention is sized for the rows it may have: the batch's bound where it has one
+            # (a verify step: K + 1), else every row of the batch
+            max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
+            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
                                      kv_len=kv_len)
         else:
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
-                                     padding_slot=batch.padding_slot)
+                                     padding_slot=batch.padding_slot, max_request_rows=batch.max_request_rows)
             cache.check_fits(layout.kv_len - 1)
             if self.batch_invariant:  # whole key blocks (see invariant_attention); the extra keys are masked
                 layout = evolve(layout, kv_len=invariant_kv_length(layout.kv_len, cache.max_len))
@@ -213,9 +216,10 @@ class LlamaTarget(nn.Module):
         if self.batch_invariant and not static_shapes_active():  # eager CPU: attention in row bands
             extents = (layout.query_positions.amax(1) + 1).tolist()
             bands = plan_bands(layout.causal_mask(), layout.valid.sum(1).tolist(), groups, self.dtype, extents)
-            mask = None
+            mask, folding = None, None
         else:
             bands, mask = None, grouped_mask(layout.causal_mask(), groups, self.dtype)
+            folding = layout.head_folding(heads.num_heads, heads.num_kv_heads)
         cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
         x = self.embed[batch.tokens]
         saved = {0: x} if 0 in hidden_layers else {}
@@ -224,7 +228,7 @@ class LlamaTarget(nn.Module):
             # Write first, then read: the rows see their own and earlier rows' keys.
             cache.write(i, layout.slot_of_row, batch.positions, k, v)
             keys, values = layout.read(cache, i, batch.slot_ids)
-            attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands)
+            attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands, folding)
             x = x + self._reduce(self._product(attended, layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
