@@ -37,6 +37,7 @@ def test_step_profile_times_every_pair_and_writes_the_profile(tmp_path):
     assert all(r["step_ms_median"] > 0 for r in saved["results"]) and saved["meta"]["device"] == "cpu"
     assert saved["meta"]["attention"] == "matmul" and saved["meta"]["captured_kv_spans"] == "64"
     assert saved["meta"]["kv_spans"] == [64] and saved["meta"]["keys"] > 0
+    assert saved["meta"]["engine_build_seconds"] > 0 and "cuda_memory_reserved_gib" not in saved["meta"]
     # profiled without overlap, so the step's own operators (the target's linear layers) are in the table:
     # the packed products of batch-invariant forwards, or aten::linear (which a short run can rank below
     # the table's 60 rows when only the draft calls it)
@@ -99,3 +100,21 @@ def test_host_overhead_times_the_step_outside_the_keys_and_counts_its_launches(t
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--concurrency", "32",
                           "--output", str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--concurrency: every value must lie in 1..16" in bad.stderr
+
+
+def test_key_kernels_counts_each_replayed_key_as_cuda_would_launch_it(tmp_path):
+    """SmolLM2 target-only at one request: one verify key whose count leaves out views, counts each
+    of the 61 RMSNorms (two per layer and the final one) as one fused kernel, and holds SmolLM2's
+    121 matrix products (four per layer and the LM head)."""
+    out = tmp_path / "kernels.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "h200" / "key_kernels.py"), "--runs", "none:1",
+                           "--steps", "1", "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = json.loads(out.read_text())["results"]
+    (name, key), = result["keys"].items()
+    assert name.startswith("verify K=7 bucket=1 rows=1") and key["replays"] >= 1
+    top = key["top"]
+    assert top["_fused_rms_norm"] == 61 and "pow" not in top and "rsqrt" not in top
+    assert not {"view", "slice", "expand", "transpose"} & set(top)
+    products = sum(top.get(op, 0) for op in ("_linear_pointwise", "mm", "addmm"))  # oneDNN's packed path or not
+    assert products == 121 and 500 < key["kernels"] < 1500
