@@ -64,7 +64,7 @@ class ForwardBatch:
     states are never read, so a model may attend them to anything.
 
     ``max_request_rows`` bounds the rows of every request not on ``padding_slot``
-    (a verify step: the anchor and at most K drafted tokens). A static-shape
+    (a verify step: the anchor and at most min(K, G - B) drafted tokens). A static-shape
     forward cannot read the row counts, so without it a request's attention is
     sized for all ``G`` rows; with it, for the bound, and the padding request's
     rows past the bound share its last attended row's result.

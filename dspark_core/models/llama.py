@@ -201,7 +201,7 @@ class LlamaTarget(nn.Module):
             if self.batch_invariant:  # whole key blocks, as the eager forward reads them
                 kv_len = invariant_kv_length(kv_len, cache.max_len)
             # a request's attention is sized for the rows it may have: the batch's bound where it has one
-            # (a verify step: K + 1), else every row of the batch
+            # (a verify step: its anchor and the drafted rows the tier has room for), else every row of the batch
             max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
                                      kv_len=kv_len)
