@@ -396,15 +396,19 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
     from dspark_core.models.layers import RowLayout
 
     widths = set()
-    build = RowLayout.build
 
-    def recorded(cls, *args, **kwargs):
-        layout = build(*args, **kwargs)
-        if static_shapes_active():
-            widths.add(int(layout.pad_index.shape[1]))
-        return layout
+    def recording(constructor):
+        def recorded(cls, *args, **kwargs):
+            layout = constructor(*args, **kwargs)
+            if static_shapes_active():
+                widths.add(int(layout.pad_index.shape[1]))
+            return layout
 
-    monkeypatch.setattr(RowLayout, "build", classmethod(recorded))
+        return classmethod(recorded)
+
+    # the bucket's five cache slots (four and the scratch one) are read in place: static_window
+    monkeypatch.setattr(RowLayout, "build", recording(RowLayout.build))
+    monkeypatch.setattr(RowLayout, "static_window", recording(RowLayout.static_window))
     target, draft = tiny_pair(block_size=7)
     engine = Engine(target, draft if policy != "none" else None,
                     EngineConfig(draft_width=7, policy=policy, request_buckets=(4,), max_model_len=97),

@@ -169,6 +169,38 @@ def _forward_twice(model, batch_parts, padding_slot):
     return outputs, layouts
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_a_static_forward_reads_a_dense_cache_in_place_with_the_gathered_results(invariant, monkeypatch):
+    """Static-shape mode reads every slot of a cache in place when the batch has a request for at
+    least half of them (the largest bucket): the same logits for live rows as gathering each
+    request's keys (bit for bit where forwards are batch-invariant), with requests on slots out of
+    order, an empty entry and the padding request on the scratch slot, and a padding request longer
+    than the row bound."""
+    from dspark_core.models import layers
+
+    model = random_target(VARIANTS["llama"], seed=11, batch_invariant=invariant)
+    cache = model.new_cache(4, 40)
+    model.forward(make_forward_batch([[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]], [0, 0, 0], [2, 0, 1]), cache)
+    tokens = torch.tensor([20, 21, 22, 23, 24, 25] + [0] * 6)
+    positions = torch.tensor([4, 5, 3, 5, 6, 7] + [0] * 6)
+    # slots 2, 0, 1, an empty bucket entry on the scratch slot 3, and the padding request (6 rows) there
+    batch = ForwardBatch(tokens, positions, torch.tensor([2, 0, 1, 3, 3]), torch.tensor([0, 2, 3, 6, 6, 12]),
+                         padding_slot=3, max_request_rows=4)
+    layouts = []
+    build, window = RowLayout.build, RowLayout.static_window
+    monkeypatch.setattr(RowLayout, "static_window", classmethod(lambda cls, *a, **k: layouts.append(window(*a, **k)) or layouts[-1]))
+    with static_shapes():
+        in_place = model.forward(batch, cache).logits
+        monkeypatch.setattr(layers, "_MAX_WINDOW_SLOTS_PER_REQUEST", 0)
+        gathered = model.forward(batch, cache).logits
+    assert len(layouts) == 1 and layouts[0].first_slot == 0 and tuple(layouts[0].pad_index.shape) == (4, 4)
+    if invariant:
+        assert torch.equal(in_place[:6], gathered[:6])
+    else:
+        torch.testing.assert_close(in_place[:6], gathered[:6])
+    assert torch.isfinite(in_place).all()
+
+
 @settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_slot_window_equals_gathered_keys_bit_for_bit(data):
@@ -199,7 +231,7 @@ def test_a_bound_on_request_rows_sizes_static_attention_and_keeps_live_rows(monk
     padding request's rows past the bound (nine here, at position 0 of the scratch slot) stay finite.
     An eager forward refuses a live request above the bound."""
     model = random_target(VARIANTS["llama"], seed=5)
-    cache = model.new_cache(4, 32)
+    cache = model.new_cache(8, 32)  # more than two slots per request: keys are gathered, not read in place
     model.forward(make_forward_batch([[5, 6, 7, 8], [9, 10, 11]], [0, 0], [0, 1]), cache)
     tokens = torch.tensor([12, 13, 14, 15, 16] + [0] * 9)
     positions = torch.tensor([4, 5, 6, 3, 4] + [0] * 9)

@@ -137,6 +137,15 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, product=l
 _MAX_WINDOW_SLOTS_PER_REQUEST = 2
 
 
+def static_window_pays(num_slots: int, requests: int) -> bool:
+    """Whether a static-shape forward of ``requests`` requests (the padding one included) over a cache
+    of ``num_slots`` slots reads the whole cache in place (:meth:`RowLayout.static_window`) rather
+    than gathering each request's keys: by the eager rule, when that is at most
+    ``_MAX_WINDOW_SLOTS_PER_REQUEST`` slots per request. An engine's largest bucket then reads in place
+    (its cache has one slot per bucket entry and the scratch slot); one request of sixteen gathers."""
+    return num_slots <= _MAX_WINDOW_SLOTS_PER_REQUEST * requests
+
+
 def _slot_window(counts: list[int], slots: list[int], padding_slot: int | None) -> tuple[int, int, list[int]] | None:
     """``(first slot, width, live requests)`` of the slot window of a batch (host lists), or None
     when the live requests' slots repeat or are spread too thinly for reading in place to pay."""
@@ -225,6 +234,30 @@ class RowLayout:
         return cls(to_window(pad_index), to_window(valid), slot_of_row, to_window(query_positions), kv_len,
                    unpad_index, first_slot)
 
+    @classmethod
+    def static_window(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
+                      num_slots: int, max_rows: int, kv_len: int) -> RowLayout:
+        """Static-shape layout over every cache slot (a slot window from slot 0 of ``num_slots``): each
+        request's rows sit in its slot's cell, so attention reads the cache in place instead of
+        gathering each request's keys and values (a copy of every layer's cache span per step). No host
+        read. Cells of idle slots get dummy queries; a request with more rows than ``max_rows`` (only
+        the padding one) attends its first ``max_rows``, its later rows reading back one of those. Slots
+        must be distinct between requests that have rows (the scratch slot's empty entries have none)."""
+        counts = row_offsets[1:] - row_offsets[:-1]
+        rows, device = positions.shape[0], positions.device
+        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
+        request_of_row = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=rows)
+        step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
+        cell = slot_of_row * max_rows + step_of_row
+        # (several rows share a cell only past the padding request's bound: any of them will do)
+        pad_index = torch.zeros(num_slots * max_rows, dtype=torch.long, device=device)
+        pad_index[cell] = torch.arange(rows, device=device)
+        valid = torch.zeros(num_slots * max_rows, dtype=torch.bool, device=device)
+        valid[cell] = True
+        pad_index, valid = pad_index.view(num_slots, max_rows), valid.view(num_slots, max_rows)
+        query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
+        return cls(pad_index, valid, slot_of_row, query_positions, kv_len, cell, 0)
+
     def read(self, cache, layer: int, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, kv_heads, kv_len, head_dim]`` of ``layer`` for the padded rows: a
         view of the slot window, or the requests' slots gathered."""
@@ -252,19 +285,23 @@ class RowLayout:
         :func:`attend`; build it once per forward, not per layer."""
         requests, rows = self.pad_index.shape
         head = torch.arange(heads, device=self.pad_index.device)
-        gather = (self.pad_index[:, None, :] * heads + head[None, :, None]).reshape(requests, kv_heads, -1)
+        folded = (requests, kv_heads, heads // kv_heads * rows)
+        gather_rows = self.pad_index[:, None, :].expand(requests, heads, rows).reshape(folded)
+        gather_heads = head[None, :, None].expand(requests, heads, rows).reshape(folded)
         cell, step = self.unpad_index // rows, self.unpad_index % rows
         scatter = ((cell * heads)[:, None] + head[None, :]) * rows + step[:, None]
-        return HeadFolding(gather, scatter)
+        return HeadFolding(gather_rows, gather_heads, scatter)
 
 
 @frozen
 class HeadFolding:
-    """Flat row indices that take packed queries straight into the folded attention layout and its
-    output straight back: one gather each way per layer, where padding then folding (and unfolding
-    then unpadding) copy the rows twice more whenever a request has more than one row."""
+    """Indices that take packed queries straight into the folded attention layout and its output
+    straight back: one gather each way per layer, where padding then folding (and unfolding then
+    unpadding) copy the rows twice more whenever a request has more than one row. The queries are
+    indexed by (row, head), so a query view of the fused q/k/v projection is read in place."""
 
-    gather: torch.Tensor  # int64 [B, KV, groups * R_max]: rows of the packed queries viewed as [G * H, d]
+    gather_rows: torch.Tensor  # int64 [B, KV, groups * R_max]: the packed row of each folded query row
+    gather_heads: torch.Tensor  # int64 [B, KV, groups * R_max]: its query head
     scatter: torch.Tensor  # int64 [G, H]: rows of the folded output viewed as [B * KV * groups * R_max, d]
 
 
@@ -474,7 +511,7 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     assert mask is not None, "attend needs the additive mask unless row bands are given"
     if folding is not None:
         head_dim = q_rows.shape[-1]
-        folded = q_rows.reshape(-1, head_dim)[folding.gather]  # [B, KV, groups * R, hd]
+        folded = q_rows[folding.gather_rows, folding.gather_heads]  # [B, KV, groups * R, hd]
         if invariant:
             out = invariant_attention(folded, keys, values, mask)
         else:

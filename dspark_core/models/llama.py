@@ -23,7 +23,7 @@ from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
                                       invariant_cache_length, invariant_kv_length, invariant_linear, linear,
-                                      products_rows_invariant, rms_norm, rope_cos_sin, swiglu)
+                                      products_rows_invariant, rms_norm, rope_cos_sin, static_window_pays, swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -203,8 +203,12 @@ class LlamaTarget(nn.Module):
             # a request's attention is sized for the rows it may have: the batch's bound where it has one
             # (a verify step: its anchor and the drafted rows the tier has room for), else every row of the batch
             max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
-            layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
-                                     kv_len=kv_len)
+            if static_window_pays(cache.num_slots, int(batch.slot_ids.shape[0])):  # read the cache in place
+                layout = RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets,
+                                                 num_slots=cache.num_slots, max_rows=max_rows, kv_len=kv_len)
+            else:
+                layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
+                                         kv_len=kv_len)
         else:
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot, max_request_rows=batch.max_request_rows)
