@@ -325,25 +325,37 @@ def test_steps_leave_room_for_tokens_still_in_flight(models, prompts, references
     engine.close()
 
 
+def _tiny_engine(target, draft, config: EngineConfig, *, captured: bool) -> Engine:
+    """An engine on the captured-backend stand-in (warmed up and sealed), or eager."""
+    from capture_support import StandInCapturedBackend
+
+    engine = Engine(target, draft, config, graphs=StandInCapturedBackend("cpu") if captured else None)
+    if captured:
+        engine.warmup()
+        engine.mark_ready()
+    return engine
+
+
+def _generate(engine: Engine, prompts, max_tokens: int) -> list[list[int]]:
+    """Greedy token ids of ``prompts``; the engine is closed afterwards."""
+    try:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    finally:
+        engine.close()
+    return [list(o.token_ids) for o in outputs]
+
+
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 def test_a_cache_shorter_than_the_widest_step_still_holds_its_padding(captured):
     """16 requests of K + 1 = 8 rows make a 128-row step, more than a 97-position cache: the padding
     rows (scratch slot, all at position 0) fit it. Found by fuzzing when they sat at positions 0, 1, ...:
     warmup failed with an IndexError, and a wide step with one live request with a ModelError."""
-    from capture_support import StandInCapturedBackend
-
     target, draft = tiny_pair(block_size=7)
-    engine = Engine(target, draft, EngineConfig(draft_width=7, policy="adaptive", request_buckets=(16,), max_model_len=97),
-                    graphs=StandInCapturedBackend("cpu") if captured else None)
-    if captured:
-        engine.warmup()
-        engine.mark_ready()
+    engine = _tiny_engine(target, draft, EngineConfig(draft_width=7, policy="adaptive", request_buckets=(16,),
+                                                      max_model_len=97), captured=captured)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
-    try:  # adaptive without a table verifies full width: the widest tier, with 14 empty bucket entries
-        outputs = engine.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
-    finally:
-        engine.close()
-    assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 20)
+    # adaptive without a table verifies full width: the widest tier, with 14 empty bucket entries
+    assert _generate(engine, prompts, 20) == greedy_references(target, prompts, 20)
 
 
 class _LivePacker:
@@ -367,21 +379,12 @@ class _LivePacker:
 def test_a_split_longer_than_the_tier_has_room_for_is_cut_and_stays_exact(captured):
     """No request verifies more than G - B drafted tokens in a G-row tier of bucket B (the bound a
     captured forward sizes attention by); a plugin split asking for more is cut to it, not trusted."""
-    from capture_support import StandInCapturedBackend
-
     target, draft = tiny_pair(block_size=7)
-    engine = Engine(target, draft, EngineConfig(draft_width=7, policy="fixed", request_buckets=(4,), max_model_len=97),
-                    graphs=StandInCapturedBackend("cpu") if captured else None)
-    if captured:
-        engine.warmup()
-        engine.mark_ready()
+    engine = _tiny_engine(target, draft, EngineConfig(draft_width=7, policy="fixed", request_buckets=(4,),
+                                                      max_model_len=97), captured=captured)
     engine.set_policy(_LivePacker())
     prompts = [[5, 6, 7, 8]]
-    try:
-        outputs = engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
-    finally:
-        engine.close()
-    assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 16)
+    assert _generate(engine, prompts, 16) == greedy_references(target, prompts, 16)
 
 
 @pytest.mark.parametrize("policy", ["adaptive", "fixed", "none"])
@@ -390,8 +393,6 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
     request has at most min(K, G - B) + 1 (its anchor and the drafted rows a G-row tier of B requests
     has room for), so a 32-row tier of 4 requests pads attention to 8 rows per request, not 32, the
     bucket's own tier to one row, and the output stays exact."""
-    from capture_support import StandInCapturedBackend
-
     from dspark_core.graphs import static_shapes_active
     from dspark_core.models.layers import RowLayout
 
@@ -410,15 +411,9 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
     monkeypatch.setattr(RowLayout, "build", recording(RowLayout.build))
     monkeypatch.setattr(RowLayout, "static_window", recording(RowLayout.static_window))
     target, draft = tiny_pair(block_size=7)
-    engine = Engine(target, draft if policy != "none" else None,
-                    EngineConfig(draft_width=7, policy=policy, request_buckets=(4,), max_model_len=97),
-                    graphs=StandInCapturedBackend("cpu"))
-    engine.warmup()
-    engine.mark_ready()
+    engine = _tiny_engine(target, draft if policy != "none" else None,
+                          EngineConfig(draft_width=7, policy=policy, request_buckets=(4,), max_model_len=97), captured=True)
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]
-    try:
-        outputs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-    finally:
-        engine.close()
+    outputs = _generate(engine, prompts, 12)
     assert widths == set(range(1, 9))  # tiers of 4-32 rows: min(K, G - 4) + 1 rows per request
-    assert [list(o.token_ids) for o in outputs] == greedy_references(target, prompts, 12)
+    assert outputs == greedy_references(target, prompts, 12)

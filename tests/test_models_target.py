@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
-from dspark_core.models.layers import (RowLayout, apply_rope, attend, block_attention, greedy_tokens, grouped_mask,
-                                      rope_cos_sin, set_attention_kernel)
+from dspark_core.models.layers import (RowLayout, _default_attention, apply_rope, attend, block_attention,
+                                      folded_attention, greedy_tokens, grouped_mask, rope_cos_sin,
+                                      set_attention_kernel)
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -268,13 +269,13 @@ def test_grouped_attention_equals_per_head_softmax(data):
     values = torch.randn(requests, kv_heads, layout.kv_len, head_dim, generator=generator)
     q = torch.randn(int(offsets[-1]), heads, head_dim, generator=generator)
     mask = grouped_mask(layout.causal_mask(), heads // kv_heads, q.dtype)
-    folding = layout.head_folding(heads, kv_heads)
     for kernel in ("sdpa", "matmul"):  # SDPA, and the matmul form CUDA decode steps take
         set_attention_kernel(kernel)
         try:
             out = attend(q, keys, values, layout, mask)
-            # the forward's path: one gather each way instead of pad/fold and unfold/unpad, same bits
-            assert torch.equal(attend(q, keys, values, layout, mask, folding=folding), out)
+            # one gather each way (RowLayout.head_folding) gives the bits of padding, folding and back
+            padded = folded_attention(layout.pad(q), keys, values, mask, _default_attention)
+            assert torch.equal(out, layout.unpad(padded).reshape(q.shape[0], -1))
         finally:
             set_attention_kernel("auto")
         row = 0

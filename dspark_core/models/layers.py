@@ -209,11 +209,7 @@ class RowLayout:
         valid = steps[None, :] < counts[:, None]
         pad_index = torch.where(valid, row_offsets[:-1, None] + steps[None, :], torch.zeros_like(valid, dtype=torch.long))
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
-        rows = positions.shape[0]
-        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
-        request_of_row = torch.repeat_interleave(torch.arange(requests, device=device), counts, output_size=rows)
-        # (the clamp matters to a static layout's padding request only: eager layouts fit every request)
-        step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
+        slot_of_row, request_of_row, step_of_row = _row_coordinates(positions, slot_ids, row_offsets, counts, max_rows)
         if window is None:
             return cls(pad_index, valid, slot_of_row, query_positions, kv_len, request_of_row * max_rows + step_of_row)
         first_slot, width, live = window
@@ -243,11 +239,9 @@ class RowLayout:
         read. Cells of idle slots get dummy queries; a request with more rows than ``max_rows`` (only
         the padding one) attends its first ``max_rows``, its later rows reading back one of those. Slots
         must be distinct between requests that have rows (the scratch slot's empty entries have none)."""
-        counts = row_offsets[1:] - row_offsets[:-1]
         rows, device = positions.shape[0], positions.device
-        slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
-        request_of_row = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=rows)
-        step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
+        slot_of_row, _, step_of_row = _row_coordinates(positions, slot_ids, row_offsets,
+                                                       row_offsets[1:] - row_offsets[:-1], max_rows)
         cell = slot_of_row * max_rows + step_of_row
         # (several rows share a cell only past the padding request's bound: any of them will do)
         pad_index = torch.zeros(num_slots * max_rows, dtype=torch.long, device=device)
@@ -303,6 +297,17 @@ class HeadFolding:
     gather_rows: torch.Tensor  # int64 [B, KV, groups * R_max]: the packed row of each folded query row
     gather_heads: torch.Tensor  # int64 [B, KV, groups * R_max]: its query head
     scatter: torch.Tensor  # int64 [G, H]: rows of the folded output viewed as [B * KV * groups * R_max, d]
+
+
+def _row_coordinates(positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
+                     max_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each packed row's slot, request and step within its request ``[G]``; steps past ``max_rows - 1``
+    (a static layout's padding request only: eager layouts fit every request) are clamped to it."""
+    rows, device = positions.shape[0], positions.device
+    slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
+    request_of_row = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=rows)
+    step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
+    return slot_of_row, request_of_row, step_of_row
 
 
 def _check_request_rows(counts: list[int], slots: list[int], padding_slot: int | None, bound: int) -> None:
@@ -501,28 +506,23 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
     :func:`invariant_kv_length`), so a row's output does not depend on the other rows or on how
     many keys past its own position the batch reads. ``bands`` (invariant only, instead of
     ``mask``): :mod:`~dspark_core.models.row_bands`, so a request pays for its own rows only.
-    ``folding`` (:meth:`RowLayout.head_folding`, with ``mask``): the same values through one gather
-    each way instead of padding, folding and their inverses.
+    ``folding``: :meth:`RowLayout.head_folding` of the layout, built once per forward by callers
+    that attend every layer (built here when not given).
     """
     if invariant and bands is not None:
         from dspark_core.models.row_bands import banded_attention
 
         return layout.unpad(banded_attention(layout.pad(q_rows), keys, values, bands)).reshape(q_rows.shape[0], -1)
     assert mask is not None, "attend needs the additive mask unless row bands are given"
-    if folding is not None:
-        head_dim = q_rows.shape[-1]
-        folded = q_rows[folding.gather_rows, folding.gather_heads]  # [B, KV, groups * R, hd]
-        if invariant:
-            out = invariant_attention(folded, keys, values, mask)
-        else:
-            out = _default_attention(folded, keys.to(folded.dtype), values.to(folded.dtype), mask)
-        return out.reshape(-1, head_dim)[folding.scatter].reshape(q_rows.shape[0], -1)
-    q = layout.pad(q_rows)  # [B, R, H, hd]
+    if folding is None:
+        folding = layout.head_folding(q_rows.shape[1], keys.shape[1])
+    head_dim = q_rows.shape[-1]
+    folded = q_rows[folding.gather_rows, folding.gather_heads]  # [B, KV, groups * R, hd]
     if invariant:
-        out = folded_attention(q, keys, values, mask, invariant_attention)
+        out = invariant_attention(folded, keys, values, mask)
     else:
-        out = folded_attention(q, keys.to(q.dtype), values.to(q.dtype), mask, _default_attention)
-    return layout.unpad(out).reshape(q_rows.shape[0], -1)
+        out = _default_attention(folded, keys.to(folded.dtype), values.to(folded.dtype), mask)
+    return out.reshape(-1, head_dim)[folding.scatter].reshape(q_rows.shape[0], -1)
 
 
 def _default_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
