@@ -11,6 +11,13 @@ recapture. Backends differ only in what "prepare" and "run" mean:
 * ``static`` (CPU): preallocated input buffers per key, warmed once, run eagerly;
 * ``cudagraph``: ``torch.cuda.CUDAGraph`` captured per key, replayed;
 * ``aclgraph``: torch_npu's NPU graph captured per key, replayed.
+
+Where the graph API offers shared memory pools (``cudagraph``), the captures
+of a key family share one (:func:`pool_family`): a graph keeps its outputs,
+but the memory its capture freed (its temporaries) may then be handed to the
+temporaries or outputs of the family's later captures. So a key's outputs are
+valid only until the next replay of *any* key of its family; the engine reads
+or copies them before that (a step replays at most one key per family).
 """
 
 from __future__ import annotations
@@ -100,6 +107,20 @@ class BindingKey:
         return f"{self.stage} K={self.draft_width} bucket={self.request_bucket}{rows}{span}{depth} {self.dtype}@{self.device}"
 
 
+def pool_family(key: BindingKey) -> str:
+    """The memory pool a captured backend records ``key`` into: ``verify`` for the verify keys,
+    ``propose`` for the keys that run before them (proposal and copy keys).
+
+    A decode step replays at most one key of each family, proposal first, and every output of a key
+    is read, cloned or copied into the next key's static inputs before the step ends. Keys of one
+    family never run in the same step, so their temporaries can share memory; the two families get
+    separate pools so that a verify replay never overwrites a proposal's outputs (a stage plugin's
+    verify may still read them after it, and so may a schedule that launches the next proposal
+    before the previous verify's results are read).
+    """
+    return "verify" if key.stage.startswith("verify") else "propose"
+
+
 @define
 class GraphCounters:
     """Work done by a backend; after ready only ``replays`` may grow."""
@@ -186,6 +207,12 @@ class CapturedGraphBackend(GraphBackend):
 
     records = True
 
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        # pool_family(key) -> the memory-pool token its captures share; made at the family's first
+        # capture, per backend (an engine built later gets pools of its own)
+        self._pools: dict[str, Any] = {}
+
     def _graph_api(self):  # -> object with CUDAGraph/NPUGraph-like class, graph(), Stream, stream()
         raise NotImplementedError
 
@@ -203,10 +230,20 @@ class CapturedGraphBackend(GraphBackend):
         api.current_stream().wait_stream(side)
         self.counters.warmups += 1
         graph = api.graph_class()
-        with api.graph(graph):
+        with api.graph(graph, **self._pool_for(key, api)):
             outputs = fn(**inputs)
         self.counters.captures += 1
         return _Prepared(inputs, tuple(outputs), graph)
+
+    def _pool_for(self, key: BindingKey, api: GraphApi) -> dict[str, Any]:
+        """Keyword arguments of ``api.graph`` for ``key``: its family's shared pool, or none (a
+        private pool per capture) where the API has no pool handles."""
+        if api.pool_handle is None:
+            return {}
+        family = pool_family(key)
+        if family not in self._pools:
+            self._pools[family] = api.pool_handle()
+        return {"pool": self._pools[family]}
 
     def _replay(self, key: BindingKey, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
         prepared.graph.replay()
@@ -223,8 +260,11 @@ class GraphApi:
     Stream: type
     stream: Callable
     current_stream: Callable
+    # a new memory-pool token for ``graph(..., pool=token)``; None: each capture keeps a private pool,
+    # which holds that graph's whole working set for as long as the graph lives
+    pool_handle: Callable[[], Any] | None = None
 
 
 def cuda_graph_api() -> GraphApi:
     return GraphApi(torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.Stream, torch.cuda.stream,
-                    torch.cuda.current_stream)
+                    torch.cuda.current_stream, torch.cuda.graph_pool_handle)

@@ -10,7 +10,7 @@ from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError
 from dspark_core.geometry import Geometry, legal_tiers
-from dspark_core.graphs import BindingKey, CapturedGraphBackend, GraphApi, GraphError
+from dspark_core.graphs import BindingKey, CapturedGraphBackend, GraphApi, GraphError, cuda_graph_api
 from dspark_core.plugins import default_hooks
 from engine_support import greedy_references, random_prompts, synthetic_table, tiny_pair
 
@@ -104,10 +104,13 @@ class RecordingGraph:
 
 
 class RecordingApi:
-    """A CPU stand-in for the device runtime so the capture bookkeeping runs here."""
+    """A CPU stand-in for the device runtime so the capture bookkeeping runs here; with ``pools`` it
+    also hands out memory-pool tokens, as ``torch.cuda.graph_pool_handle`` does."""
 
-    def __init__(self):
+    def __init__(self, pools: bool = False):
         self.captured = []
+        self.pools = []  # the pool argument of each capture (None: none given, a private pool)
+        self.handles = [] if pools else None  # every token pool_handle made
 
     def api(self) -> GraphApi:
         outer = self
@@ -126,11 +129,17 @@ class RecordingApi:
             def wait_stream(self, other):
                 pass
 
-        def graph_ctx(graph):
+        def graph_ctx(graph, pool=None):
             outer.captured.append(graph)
+            outer.pools.append(pool)
             return Ctx(graph)
 
-        return GraphApi(RecordingGraph, graph_ctx, Stream, lambda s: Ctx(), lambda: Stream())
+        def pool_handle():
+            outer.handles.append(object())
+            return outer.handles[-1]
+
+        return GraphApi(RecordingGraph, graph_ctx, Stream, lambda s: Ctx(), lambda: Stream(),
+                        pool_handle if self.handles is not None else None)
 
 
 def test_captured_backend_captures_once_per_key_and_replays_static_buffers():
@@ -157,6 +166,53 @@ def test_captured_backend_captures_once_per_key_and_replays_static_buffers():
     (result,) = backend.run(key, {"x": torch.tensor([1.0, 2.0, 3.0])})
     assert result.tolist() == [2.0, 4.0, 6.0]
     assert backend.counters.replays == 1
+
+
+def test_captured_backend_records_each_key_family_into_one_shared_pool():
+    """Proposal and copy keys share one memory pool, verify keys another, each made at the family's
+    first capture: a step replays at most one key per family, so their temporaries may share memory,
+    and a verify replay never overwrites the proposal it verifies. Every backend makes its own pools."""
+    recording = RecordingApi(pools=True)
+
+    class Backend(CapturedGraphBackend):
+        def _graph_api(self):
+            return recording.api()
+
+    def fn(x):
+        return (x * 2,)
+
+    order = []  # the keys in warmup's order: a bucket's proposal keys, then its verify keys
+    for bucket in (1, 2):
+        order += [BindingKey(5, bucket, 0, "float32", "cpu", stage=stage, kv_span=span)
+                  for stage in ("propose", "propose+copy", "copy") for span in (0, 64)]
+        order += [BindingKey(5, bucket, rows, "float32", "cpu", stage=stage, kv_span=span)
+                  for rows, stage in ((bucket, "verify"), (bucket, "verify+context"), (bucket + 4, "verify"))
+                  for span in (0, 64)]
+    backend = Backend("cpu")
+    for key in order:
+        backend.prepare(key, fn, {"x": torch.ones(2)})
+    assert backend.counters.captures == len(order) and len(recording.handles) == 2
+    proposals, verifies = recording.handles
+    for key, pool in zip(order, recording.pools, strict=True):
+        assert pool is (verifies if key.stage.startswith("verify") else proposals), key.describe()
+    # an engine built later captures into pools of its own
+    Backend("cpu").prepare(order[0], fn, {"x": torch.ones(2)})
+    assert len(recording.handles) == 3 and recording.pools[-1] is recording.handles[2]
+
+
+def test_graph_apis_without_pool_handles_keep_a_private_pool_per_capture():
+    recording = RecordingApi()
+
+    class Backend(CapturedGraphBackend):
+        def _graph_api(self):
+            return recording.api()
+
+    backend = Backend("cpu")
+    for stage in ("propose", "verify"):
+        backend.prepare(BindingKey(5, 1, 1, "float32", "cpu", stage=stage), lambda x: (x + 1,), {"x": torch.ones(1)})
+    assert recording.pools == [None, None]  # no pool argument at all
+    # the CUDA backend shares pools through torch's own tokens
+    assert cuda_graph_api().pool_handle is torch.cuda.graph_pool_handle
 
 
 @pytest.mark.parametrize("name,device,match", [

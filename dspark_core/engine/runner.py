@@ -103,7 +103,8 @@ class ModelRunner:
         if self.draft_context is None or hidden is None:
             return
         if self.graphs is not None and self.graphs.records:
-            # a recorded graph's output buffers are overwritten by its next replay
+            # a recorded graph's output buffers are overwritten by its next replay, and (pools shared
+            # per key family, see graphs.pool_family) by the next replay of any verify key
             hidden, positions, row_slots = hidden.clone(), positions.clone(), row_slots.clone()
         self.draft_context.put(hidden, positions, row_slots)
 
