@@ -1,8 +1,9 @@
 """Static slot KV cache: one fixed region per request slot, allocated once.
 
-Layout per layer: ``[num_slots, kv_heads, max_len, head_dim]`` so that the
-keys a request attends to (``cache[slot, :, :L]``) are already in the
-``[heads, keys, head_dim]`` order attention wants. The cache stores no lengths:
+Layout per layer: ``[2, num_slots, kv_heads, max_len, head_dim]`` (keys, then
+values) so that the keys a request attends to (``keys[slot, :, :L]``) are
+already in the ``[heads, keys, head_dim]`` order attention wants, and one
+indexed write stores a row's keys and values together (:meth:`KVCache.write_rows`). The cache stores no lengths:
 the caller (engine/scheduler) owns each request's committed length. Rows a
 speculative step wrote beyond the committed length are simply overwritten by
 the next forward, which always starts writing at the committed length.
@@ -20,8 +21,7 @@ from dspark_core.errors import ModelError
 class KVCache:
     """Keys and values of every layer for ``num_slots`` requests of up to ``max_len`` tokens."""
 
-    keys: torch.Tensor  # [num_layers, num_slots, kv_heads, max_len, head_dim]
-    values: torch.Tensor
+    kv: torch.Tensor  # [num_layers, 2, num_slots, kv_heads, max_len, head_dim]: keys, then values
     # positions a request may use (None: all of them); fewer than allocated where reads need a
     # longer cache than requests do (a batch-invariant target's whole key blocks)
     limit: int | None = None
@@ -44,9 +44,18 @@ class KVCache:
         allocated = max_len if allocated_len is None else allocated_len
         if allocated < max_len:
             raise ModelError(f"KV cache: allocated_len {allocated} is below max_len {max_len}")
-        shape = (num_layers, num_slots, kv_heads, allocated, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
-                   None if allocated == max_len else max_len)
+        shape = (num_layers, 2, num_slots, kv_heads, allocated, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), None if allocated == max_len else max_len)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """``[num_layers, num_slots, kv_heads, max_len, head_dim]`` (a view; each layer's is contiguous)."""
+        return self.kv[:, 0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """As :attr:`keys`, for the values."""
+        return self.kv[:, 1]
 
     @property
     def num_slots(self) -> int:
@@ -67,6 +76,12 @@ class KVCache:
         # Advanced indices around a slice put the row dimension first: [G, kv_heads, head_dim].
         self.keys[layer][slot_of_row, :, positions] = k.to(self.keys.dtype)
         self.values[layer][slot_of_row, :, positions] = v.to(self.values.dtype)
+
+    def write_rows(self, layer: int, slot_of_row: torch.Tensor, positions: torch.Tensor, kv_rows: torch.Tensor) -> None:
+        """Store each row's keys and values ``kv_rows`` ([G, 2, kv_heads, head_dim]) at (slot, position):
+        one indexed write where :meth:`write` makes two (on a GPU, one kernel less per layer and step)."""
+        # Advanced indices around a slice put the row dimension first: [G, 2, kv_heads, head_dim].
+        self.kv[layer][:, slot_of_row, :, positions] = kv_rows.to(self.kv.dtype)
 
     def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``."""

@@ -46,10 +46,27 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ([N, heads, head_dim]) by per-row angles (rotate-half layout), with the tables of
-    :func:`rope_cos_sin`: ``x * cos + roll(x, half) * signed_sin``. Bit-identical to the textbook
+    :func:`rope_cos_sin` (``[N, head_dim]``, every head alike) or of :func:`rope_tables_per_head`
+    (``[N, heads, head_dim]``): ``x * cos + roll(x, half) * signed_sin``. Bit-identical to the textbook
     ``x * cos + cat(-x2, x1) * sin`` (a product's sign is exact), in one device kernel fewer per call:
     the roll replaces the negation and the concatenation (every layer of every step pays for it)."""
-    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * signed_sin[:, None, :]
+    if cos.dim() == 2:
+        cos, signed_sin = cos[:, None, :], signed_sin[:, None, :]
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+
+
+def rope_tables_per_head(cos: torch.Tensor, signed_sin: torch.Tensor, rotated_heads: int,
+                         kept_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables ``[N, rotated_heads + kept_heads, head_dim]`` that rotate the first ``rotated_heads`` heads
+    as :func:`rope_cos_sin`'s do and give the last ``kept_heads`` back unchanged (cosine 1, sine 0:
+    ``x * 1 + roll(x) * 0`` is ``x`` for every finite ``x``). One rotary pass over a fused projection's
+    query, key and value heads then leaves the keys and values side by side in one tensor, which the
+    KV cache stores with one indexed write (:meth:`~dspark_core.models.kv_cache.KVCache.write_rows`).
+    Build them once per forward."""
+    rows, head_dim = cos.shape
+    shape = (rows, rotated_heads, head_dim)
+    return (torch.cat([cos[:, None, :].expand(shape), cos.new_ones(rows, kept_heads, head_dim)], dim=1),
+            torch.cat([signed_sin[:, None, :].expand(shape), signed_sin.new_zeros(rows, kept_heads, head_dim)], dim=1))
 
 
 # Fewer rows than this take a slower kernel on the CPU, so 1-3 rows are padded up to it. Packed
@@ -362,7 +379,10 @@ def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     broadcastable to ``[B, KV, rows, L]``. Every query row sees at least one key (its own position).
     """
     scores = torch.matmul(q, keys.transpose(-1, -2))
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * q.shape[-1] ** -0.5 + mask
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    # mask + scale * scores as one kernel, not a product then a sum over the whole scores tensor (every
+    # layer pays for it). The same bits as the two where the scale is a power of two (head_dim 64: 1/8)
+    scores = torch.add(mask, scores, alpha=q.shape[-1] ** -0.5)
     return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
 
 

@@ -23,7 +23,8 @@ from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
                                       invariant_cache_length, invariant_kv_length, invariant_linear, linear,
-                                      products_rows_invariant, rms_norm, rope_cos_sin, static_window_pays, swiglu)
+                                      products_rows_invariant, rms_norm, rope_cos_sin, rope_tables_per_head,
+                                      static_window_pays, swiglu)
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -144,18 +145,30 @@ class LlamaTarget(nn.Module):
             if not 0 <= i <= self.config.num_layers:
                 raise ModelError(f"hidden layer index {i} is outside 0..{self.config.num_layers}")
 
-    def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables :meth:`_qkv` takes for rows at ``positions``; build them once per forward."""
+        c, heads = self.config, self.head_config
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, self.dtype)
+        if self.layers[0].q_norm is not None:  # query and key heads are normed apart: tables shared by heads
+            return cos, sin
+        return rope_tables_per_head(cos, sin, heads.num_heads + heads.num_kv_heads, heads.num_kv_heads)
+
+    def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries ``[N, heads, d]`` and each row's keys and values ``[N, 2, kv_heads, d]`` (the
+        layout :meth:`KVCache.write_rows` stores), with the tables of :meth:`rope_tables`."""
         c = self.head_config
         n = x.shape[0]
         qkv = self._product(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        if layer.q_norm is None:  # one rotary pass over the query and key heads together: half the ops
-            qk = apply_rope(qkv[:, : q_size + kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
-            return qk[:, : c.num_heads], qk[:, c.num_heads :], qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is None:
+            # one rotary pass over every head (values unrotated): 4 ops a layer, not 8, and the keys and
+            # values come out side by side for the cache's one write
+            rotated = apply_rope(qkv.view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim), cos, sin)
+            return rotated[:, : c.num_heads], rotated[:, c.num_heads :].view(n, 2, c.num_kv_heads, c.head_dim)
         q = rms_norm(qkv[:, :q_size].view(n, c.num_heads, c.head_dim), layer.q_norm, c.rms_eps)
         k = rms_norm(qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim), layer.k_norm, c.rms_eps)
         v = qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin), torch.stack([apply_rope(k, cos, sin), v], dim=1)
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
         return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down,
@@ -224,13 +237,13 @@ class LlamaTarget(nn.Module):
         else:
             bands, mask = None, grouped_mask(layout.causal_mask(), groups, self.dtype)
             folding = layout.head_folding(heads.num_heads, heads.num_kv_heads)
-        cos, sin = rope_cos_sin(batch.positions, c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = self.rope_tables(batch.positions)
         x = self.embed[batch.tokens]
         saved = {0: x} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, kv_rows = self._qkv(layer, x, cos, sin)
             # Write first, then read: the rows see their own and earlier rows' keys.
-            cache.write(i, layout.slot_of_row, batch.positions, k, v)
+            cache.write_rows(i, layout.slot_of_row, batch.positions, kv_rows)
             keys, values = layout.read(cache, i, batch.slot_ids)
             attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands, folding)
             x = x + self._reduce(self._product(attended, layer.o_proj))

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import rope_cos_sin
 from dspark_core.models.llama import LlamaTarget
 
 
@@ -24,13 +23,14 @@ def full_forward(model: LlamaTarget, tokens: Sequence[int], hidden_layers: tuple
     c = model.config
     ids = torch.tensor(list(tokens), dtype=torch.long, device=model.device)
     t = ids.shape[0]
-    cos, sin = rope_cos_sin(torch.arange(t, device=ids.device), c.head_dim, c.rope_theta, model.dtype)
+    cos, sin = model.rope_tables(torch.arange(t, device=ids.device))
     causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
     groups = c.num_heads // c.num_kv_heads
     x = model.embed[ids]
     saved = {0: x}
     for i, layer in enumerate(model.layers):
-        q, k, v = model._qkv(layer, x, cos, sin)
+        q, kv_rows = model._qkv(layer, x, cos, sin)
+        k, v = kv_rows[:, 0], kv_rows[:, 1]
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / c.head_dim**0.5
