@@ -395,6 +395,7 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
     bucket's own tier to one row, and the output stays exact."""
     from dspark_core.graphs import static_shapes_active
     from dspark_core.models.layers import RowLayout
+    from dspark_core.models.row_cells import OneRowCells
 
     widths = set()
 
@@ -402,14 +403,16 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
         def recorded(cls, *args, **kwargs):
             layout = constructor(*args, **kwargs)
             if static_shapes_active():
-                widths.add(int(layout.pad_index.shape[1]))
+                widths.add(int(getattr(layout, "layout", layout).pad_index.shape[1]))
             return layout
 
         return classmethod(recorded)
 
-    # the bucket's five cache slots (four and the scratch one) are read in place: static_window
+    # the bucket's five cache slots (four and the scratch one) are read in place: static_window;
+    # the bucket's own tier (one row per request) computes its rows in cells: OneRowCells
     monkeypatch.setattr(RowLayout, "build", recording(RowLayout.build))
     monkeypatch.setattr(RowLayout, "static_window", recording(RowLayout.static_window))
+    monkeypatch.setattr(OneRowCells, "build", recording(OneRowCells.build))
     target, draft = tiny_pair(block_size=7)
     engine = _tiny_engine(target, draft if policy != "none" else None,
                           EngineConfig(draft_width=7, policy=policy, request_buckets=(4,), max_model_len=97), captured=True)

@@ -13,7 +13,8 @@ from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
 from dspark_core.models.layers import (RowLayout, _default_attention, apply_rope, attend, block_attention,
                                       folded_attention, greedy_tokens, grouped_mask, rope_cos_sin,
-                                      set_attention_kernel)
+                                      rope_tables_per_head, set_attention_kernel)
+from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
 
@@ -53,6 +54,31 @@ def test_rope_gives_the_bits_of_the_textbook_rotate_half(dtype, head_dim):
     half = head_dim // 2
     textbook = x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
     assert torch.equal(apply_rope(x, *rope_cos_sin(positions, head_dim, 10000.0, dtype)), textbook)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_rope_tables_rotate_queries_and_keys_and_keep_values_bit_for_bit(dtype):
+    """One rotary pass over a fused projection's heads (the target's): the rotated heads get the bits
+    of the shared tables, the kept (value) heads come back unchanged, -0.0 aside."""
+    generator = torch.Generator().manual_seed(1)
+    positions = torch.arange(0, 3000, 11)
+    x = torch.randn(positions.shape[0], 9 + 2 * 3, 64, generator=generator).to(dtype)
+    x[0, -1, :4] = torch.tensor([0.0, 1e-30, -1e30, 65504.0]).to(dtype)
+    cos, sin = rope_cos_sin(positions, 64, 10000.0, dtype)
+    out = apply_rope(x, *rope_tables_per_head(cos, sin, 12, 3))
+    assert torch.equal(out[:, :12], apply_rope(x[:, :12], cos, sin))
+    assert torch.equal(out[:, 12:], x[:, 12:])
+
+
+def test_one_indexed_write_stores_keys_and_values_as_two_writes_do():
+    cache, other = (KVCache.allocate(2, 4, 8, 3, 5) for _ in range(2))
+    generator = torch.Generator().manual_seed(2)
+    kv_rows = torch.randn(3, 2, 3, 5, generator=generator)
+    slots, positions = torch.tensor([2, 0, 2]), torch.tensor([1, 7, 2])
+    cache.write_rows(1, slots, positions, kv_rows)
+    other.write(1, slots, positions, kv_rows[:, 0], kv_rows[:, 1])
+    assert torch.equal(cache.kv, other.kv) and cache.kv.any()
+    assert torch.equal(cache.keys[1, 0, :, 7], kv_rows[1, 0]) and torch.equal(cache.values[1, 2, :, 2], kv_rows[2, 1])
 
 
 @settings(max_examples=8, deadline=None)

@@ -538,11 +538,17 @@ def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layou
         folding = layout.head_folding(q_rows.shape[1], keys.shape[1])
     head_dim = q_rows.shape[-1]
     folded = q_rows[folding.gather_rows, folding.gather_heads]  # [B, KV, groups * R, hd]
-    if invariant:
-        out = invariant_attention(folded, keys, values, mask)
-    else:
-        out = _default_attention(folded, keys.to(folded.dtype), values.to(folded.dtype), mask)
+    out = attention_of_folded(folded, keys, values, mask, invariant)
     return out.reshape(-1, head_dim)[folding.scatter].reshape(q_rows.shape[0], -1)
+
+
+def attention_of_folded(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                        invariant: bool = False) -> torch.Tensor:
+    """Attention of folded queries ``[B, KV, rows, d]`` (see :func:`attend`): :func:`invariant_attention`,
+    or the default kernel on keys and values in the queries' dtype."""
+    if invariant:
+        return invariant_attention(q, keys, values, mask)
+    return _default_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
 
 
 def _default_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
+from dspark_core.models.row_cells import OneRowCells, attend_cells, window_cells
 from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
                                       invariant_cache_length, invariant_kv_length, invariant_linear, linear,
                                       products_rows_invariant, rms_norm, rope_cos_sin, rope_tables_per_head,
@@ -209,6 +210,7 @@ class LlamaTarget(nn.Module):
         position; logits of ``logit_rows`` only when given (see :class:`~dspark_core.models.base.TargetModel`)."""
         c = self.config
         self.check_hidden_layers(hidden_layers)
+        cells = None  # where a static forward computes the rows in one-row cells (row_cells)
         if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
             kv_len = static_kv_length(cache.max_len)
             if self.batch_invariant:  # whole key blocks, as the eager forward reads them
@@ -216,7 +218,13 @@ class LlamaTarget(nn.Module):
             # a request's attention is sized for the rows it may have: the batch's bound where it has one
             # (a verify step: its anchor and the drafted rows the tier has room for), else every row of the batch
             max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
-            if static_window_pays(cache.num_slots, int(batch.slot_ids.shape[0])):  # read the cache in place
+            window = static_window_pays(cache.num_slots, int(batch.slot_ids.shape[0]))
+            if max_rows == 1 and batch.padding_slot is not None:  # one row per request: no gathers per layer
+                cells = OneRowCells.build(batch.positions, batch.slot_ids, batch.row_offsets, kv_len=kv_len,
+                                          padding_slot=batch.padding_slot,
+                                          window_slots=window_cells(cache.num_slots, batch.padding_slot) if window else None)
+                layout = cells.layout
+            elif window:  # read the cache in place
                 layout = RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets,
                                                  num_slots=cache.num_slots, max_rows=max_rows, kv_len=kv_len)
             else:
@@ -236,21 +244,29 @@ class LlamaTarget(nn.Module):
             mask, folding = None, None
         else:
             bands, mask = None, grouped_mask(layout.causal_mask(), groups, self.dtype)
-            folding = layout.head_folding(heads.num_heads, heads.num_kv_heads)
-        cos, sin = self.rope_tables(batch.positions)
-        x = self.embed[batch.tokens]
+            folding = layout.head_folding(heads.num_heads, heads.num_kv_heads) if cells is None else None
+        tokens, positions = (batch.tokens, batch.positions) if cells is None else (batch.tokens[cells.row_of_cell],
+                                                                                    cells.positions)
+        cos, sin = self.rope_tables(positions)
+        x = self.embed[tokens]
         saved = {0: x} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
             q, kv_rows = self._qkv(layer, x, cos, sin)
             # Write first, then read: the rows see their own and earlier rows' keys.
-            cache.write_rows(i, layout.slot_of_row, batch.positions, kv_rows)
+            cache.write_rows(i, layout.slot_of_row, positions, kv_rows)
             keys, values = layout.read(cache, i, batch.slot_ids)
-            attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands, folding)
+            if cells is None:
+                attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands, folding)
+            else:
+                attended = attend_cells(q, keys, values, mask, self.batch_invariant)
             x = x + self._reduce(self._product(attended, layer.o_proj))
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        if cells is not None:  # the packed rows' results, from their cells
+            x = x[cells.cell_of_row]
+            hidden = None if hidden is None else hidden[cells.cell_of_row]
         rows = x if logit_rows is None else x[logit_rows]
         if greedy_only:
             return ForwardOutput(None, hidden, self.greedy_from_hidden(rows))
