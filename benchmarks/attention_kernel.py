@@ -2,7 +2,7 @@
 
 Times :func:`dspark_core.models.row_bands.banded_attention` for verify-step shapes (rows per request,
 even and uneven) at several context lengths, with the keys read as the target reads them
-(:func:`~dspark_core.models.layers.invariant_kv_length`). No model is loaded: queries, keys and
+(:func:`~dspark_core.models.attention.invariant_kv_length`). No model is loaded: queries, keys and
 values are random, so this isolates the kernel from the rest of the step, and a run takes seconds.
 
 ``--compare_tree PATH`` times another checkout's kernel in the same process, interleaved shape by
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from common import set_threads, write_results
 
-from dspark_core.models import layers, row_bands
+from dspark_core.models import attention, row_bands
 
 # rows per request of a verify step at 16 requests: even widths and adaptive-like uneven splits
 DEFAULT_SHAPES = {"1x16": [1] * 16, "2x16": [2] * 16, "3x16": [3] * 16,
@@ -36,8 +36,9 @@ DEFAULT_SHAPES = {"1x16": [1] * 16, "2x16": [2] * 16, "3x16": [3] * 16,
 
 
 def load_tree(root: Path) -> tuple[types.ModuleType, types.ModuleType]:
-    """Another checkout's ``layers`` and ``row_bands`` as modules of their own (its row bands
-    importing its own layers), beside this checkout's."""
+    """Another checkout's attention module (``attention``, or ``layers`` in a tree from before the two
+    were split) and ``row_bands`` as modules of their own (its row bands importing its own attention
+    module), beside this checkout's."""
     def load(name: str, path: Path, renames: dict[str, str]) -> types.ModuleType:
         source = path.read_text()
         for old, new in renames.items():
@@ -48,9 +49,10 @@ def load_tree(root: Path) -> tuple[types.ModuleType, types.ModuleType]:
         return module
 
     models = root / "dspark_core" / "models"
-    other_layers = load("compared_layers", models / "layers.py", {})
-    other_bands = load("compared_row_bands", models / "row_bands.py", {"dspark_core.models.layers": "compared_layers"})
-    return other_layers, other_bands
+    name = "attention" if (models / "attention.py").exists() else "layers"
+    other_attention = load("compared_attention", models / f"{name}.py", {})
+    other_bands = load("compared_row_bands", models / "row_bands.py", {f"dspark_core.models.{name}": "compared_attention"})
+    return other_attention, other_bands
 
 
 def kernel_call(layer_mod, bands_mod, counts: list[int], context: int, keys: torch.Tensor, values: torch.Tensor,
@@ -88,7 +90,7 @@ def main() -> None:
     bad = [name for name, counts in shapes.items() if len(counts) != args.requests or min(counts) < 1]
     if bad:
         parser.error(f"--shapes {bad}: each needs {args.requests} positive row counts (--requests)")
-    kernels = {"this": (layers, row_bands)}
+    kernels = {"this": (attention, row_bands)}
     if args.compare_tree:
         kernels["compared"] = load_tree(Path(args.compare_tree))
     generator = torch.Generator().manual_seed(0)

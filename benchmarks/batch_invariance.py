@@ -27,7 +27,7 @@ import torch
 from common import write_results
 
 from dspark_core.models.base import make_forward_batch
-from dspark_core.models.layers import KEY_BLOCK
+from dspark_core.models.attention import KEY_BLOCK
 from dspark_core.models.loading import load_target
 
 

@@ -18,9 +18,9 @@ import time
 from common import load_models, make_engine, mtbench_chats, set_threads, write_results
 
 from dspark_core.engine.request import SamplingParams
-from dspark_core.models import layers
+from dspark_core.models import layers, row_layout
 
-MODES = {"gathered": 0, "window": layers._MAX_WINDOW_SLOTS_PER_REQUEST}
+MODES = {"gathered": 0, "window": row_layout._MAX_WINDOW_SLOTS_PER_REQUEST}
 
 
 def _step_ms(engine, steps: int) -> float:
@@ -55,9 +55,9 @@ def main() -> None:
             for round_index in range(args.rounds):
                 order = list(MODES) if round_index % 2 == 0 else list(reversed(MODES))
                 for mode in order:
-                    layers._MAX_WINDOW_SLOTS_PER_REQUEST = MODES[mode]
+                    row_layout._MAX_WINDOW_SLOTS_PER_REQUEST = MODES[mode]
                     samples[mode].append(_step_ms(engine, args.steps))
-            layers._MAX_WINDOW_SLOTS_PER_REQUEST = MODES["window"]
+            row_layout._MAX_WINDOW_SLOTS_PER_REQUEST = MODES["window"]
             engine.close()
             row = {"policy": policy, "concurrency": concurrency,
                    **{f"{mode}_step_ms": round(statistics.median(v), 2) for mode, v in samples.items()}}

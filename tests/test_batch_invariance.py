@@ -13,12 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_core.models import layers, row_bands
+from dspark_core.models import attention, layers, row_bands
 from dspark_core.models.base import make_forward_batch
 from dspark_core.models.cpu_linear import bfloat16_packed_supported
-from dspark_core.models.layers import (INVARIANT_PRODUCT_ROWS, KEY_BLOCK, RowLayout, attend, grouped_mask,
-                                       invariant_cache_length, invariant_kv_length, invariant_linear,
-                                       products_rows_invariant)
+from dspark_core.models.attention import KEY_BLOCK, attend, grouped_mask, invariant_cache_length, invariant_kv_length
+from dspark_core.models.layers import INVARIANT_PRODUCT_ROWS, invariant_linear, products_rows_invariant
+from dspark_core.models.row_layout import RowLayout
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.row_bands import RowBand, banded_attention, plan_bands, plan_cuts
 
@@ -69,7 +69,7 @@ def test_invariant_attention_gives_each_row_the_bits_it_gets_alone(data):
 
 
 def test_an_invariant_cache_ends_on_a_length_its_reads_are_checked_for():
-    tails = layers.invariant_key_tails()
+    tails = attention.invariant_key_tails()
     for max_len in (1, 2, 3, 100, 128, 129, 384, 385, 512, 513, 514, 2048, 2051):
         length = invariant_cache_length(max_len)
         assert length >= max_len and (length % KEY_BLOCK == 0 or length % KEY_BLOCK in tails)
@@ -92,8 +92,8 @@ def test_invariant_attention_reads_whole_key_blocks_or_a_checked_short_one():
     assert [invariant_kv_length(n, 2048, short) for n in (1, 128, 129, 385, 600, 1000)] == [128, 128, 384, 512, 640, 1024]
     assert [invariant_kv_length(n, 700, short) for n in (100, 400, 513)] == [128, 512, 700]  # 640 would cut the cache's last block
     # the tails in use are those this CPU's check accepts, and a tail the check rejects is never used
-    assert layers.invariant_key_tails() in ((), layers.SHORT_KEY_TAILS)
-    assert layers.key_tails_invariant(()) and layers.key_tails_invariant(layers.invariant_key_tails())
+    assert attention.invariant_key_tails() in ((), attention.SHORT_KEY_TAILS)
+    assert attention.key_tails_invariant(()) and attention.key_tails_invariant(attention.invariant_key_tails())
 
 
 def test_invariant_attention_is_softmax_attention():
@@ -249,7 +249,7 @@ def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length
     assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
     # the banded requests see at most 227 keys: their bands read one block, or a short one where this
     # CPU allows it (384 keys), or the whole cache where it is shorter than a block
-    expected = length if length < KEY_BLOCK else (384 if layers.invariant_key_tails() else KEY_BLOCK)
+    expected = length if length < KEY_BLOCK else (384 if attention.invariant_key_tails() else KEY_BLOCK)
     assert [band.mask.shape[-1] for band in bands if band.members is not None] == [expected] * (len(bands) - 1)
     assert bands[0].members is None and bands[0].mask.shape[-1] == length
     banded = banded_attention(q, keys, values, bands)

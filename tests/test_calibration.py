@@ -16,7 +16,7 @@ from dspark_core.config import parse_serve_args
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError, StartupAborted, TableError
 from dspark_core.geometry import Geometry
-from dspark_core.models import greedy_head, layers
+from dspark_core.models import attention, greedy_head, layers
 from dspark_core.plugins import default_hooks
 from dspark_core.startup import build_engine, resolve_launch
 from dspark_core.table import load_table
@@ -191,7 +191,7 @@ def test_calibrate_save_and_reuse(tmp_path, checkpoints):
     assert audit["copy_orders"] == []  # the tiny draft's config asks for no copies
     assert audit["batch_invariant"] is True  # float32 on the CPU: verify rows match target-only rows bit for bit
     assert audit["greedy_head"] is greedy_head.enabled()  # the bfloat16 head where this CPU's self-check passed
-    assert audit["attention_key_tails"] == list(layers.invariant_key_tails())  # what this CPU's check allows
+    assert audit["attention_key_tails"] == list(attention.invariant_key_tails())  # what this CPU's check allows
     assert audit["cpu_threads"] == torch.get_num_threads()  # auto keeps the process's count (1 in the tests)
     engine.close()
 

@@ -71,8 +71,8 @@ def test_static_shape_proposal_equals_eager(target, size, max_len, variant):
 @pytest.mark.parametrize("variant", [dict(), dict(markov_head_type="rnn", draft_vocab_size=40, num_layers=2)],
                          ids=["vanilla", "rnn-subset"])
 def test_matmul_attention_proposal_equals_sdpa(target, variant):
-    # the attention form CUDA decode steps take (layers.block_attention), eager and static, on the CPU
-    from dspark_core.models.layers import set_attention_kernel
+    # the attention form CUDA decode steps take (attention.block_attention), eager and static, on the CPU
+    from dspark_core.models.attention import set_attention_kernel
 
     draft = filled_draft(target, num_slots=8, max_len=64, seed=11, **variant)
     anchors, positions, slots = batch(8, 64, seed=3, size=8)
@@ -130,7 +130,7 @@ def test_runner_proposes_through_the_backend_per_bucket(target, backend_class):
 def test_engine_on_a_captured_backend_is_exact(target, overlap, attention):
     """The whole engine on the captured-backend stand-in (proposal and verify replayed from static
     buffers in static-shape mode) gives target-only greedy output and prepares nothing after ready."""
-    from dspark_core.models.layers import set_attention_kernel
+    from dspark_core.models.attention import set_attention_kernel
 
     draft = random_draft(CFG, seed=5, block_size=7).to(torch.float64)
     backend = StandInCapturedBackend("cpu")

@@ -83,8 +83,8 @@ def test_every_policy_is_exact_with_partly_accepted_drafts(models, prompts, refe
 
 @pytest.mark.parametrize("policy,options", [("adaptive", {}), ("fixed", {"k": 3})], ids=str)
 def test_matmul_attention_is_exact(models, prompts, references, policy, options):
-    # the attention form CUDA decode and verify steps take (layers.matmul_attention), run here on the CPU
-    from dspark_core.models.layers import set_attention_kernel
+    # the attention form CUDA decode and verify steps take (attention.matmul_attention), run here on the CPU
+    from dspark_core.models.attention import set_attention_kernel
 
     target, draft = models
     set_attention_kernel("matmul")
@@ -394,7 +394,7 @@ def test_captured_verify_sizes_attention_for_the_rows_a_request_can_have(policy,
     has room for), so a 32-row tier of 4 requests pads attention to 8 rows per request, not 32, the
     bucket's own tier to one row, and the output stays exact."""
     from dspark_core.graphs import static_shapes_active
-    from dspark_core.models.layers import RowLayout
+    from dspark_core.models.row_layout import RowLayout
     from dspark_core.models.row_cells import OneRowCells
 
     widths = set()

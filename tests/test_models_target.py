@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
-from dspark_core.models.layers import (RowLayout, _default_attention, apply_rope, attend, block_attention,
-                                      folded_attention, greedy_tokens, grouped_mask, rope_cos_sin,
-                                      rope_tables_per_head, set_attention_kernel)
+from dspark_core.models.attention import (_default_attention, attend, block_attention, folded_attention, grouped_mask,
+                                         set_attention_kernel)
+from dspark_core.models.layers import apply_rope, greedy_tokens, rope_cos_sin, rope_tables_per_head
+from dspark_core.models.row_layout import RowLayout
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.reference import full_forward, greedy_generate, greedy_generate_batch
@@ -180,15 +181,15 @@ def _forward_twice(model, batch_parts, padding_slot):
     """The same decode batch through the slot window (keys read in place) and through gathered keys."""
     import attrs
 
-    from dspark_core.models import layers
+    from dspark_core.models import row_layout
 
     prefill, decode = batch_parts
     outputs, layouts = [], []
-    build = layers.RowLayout.build
+    build = row_layout.RowLayout.build
     for window in (True, False):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(layers, "_MAX_WINDOW_SLOTS_PER_REQUEST", 2 if window else 0)
-            patch.setattr(layers.RowLayout, "build",
+            patch.setattr(row_layout, "_MAX_WINDOW_SLOTS_PER_REQUEST", 2 if window else 0)
+            patch.setattr(row_layout.RowLayout, "build",
                           classmethod(lambda cls, *a, **k: layouts.append(build(*a, **k)) or layouts[-1]))
             cache = model.new_cache(8, 24)
             model.forward(prefill, cache)
@@ -203,7 +204,7 @@ def test_a_static_forward_reads_a_dense_cache_in_place_with_the_gathered_results
     request's keys (bit for bit where forwards are batch-invariant), with requests on slots out of
     order, an empty entry and the padding request on the scratch slot, and a padding request longer
     than the row bound."""
-    from dspark_core.models import layers
+    from dspark_core.models import row_layout
 
     model = random_target(VARIANTS["llama"], seed=11, batch_invariant=invariant)
     cache = model.new_cache(4, 40)
@@ -218,7 +219,7 @@ def test_a_static_forward_reads_a_dense_cache_in_place_with_the_gathered_results
     monkeypatch.setattr(RowLayout, "static_window", classmethod(lambda cls, *a, **k: layouts.append(window(*a, **k)) or layouts[-1]))
     with static_shapes():
         in_place = model.forward(batch, cache).logits
-        monkeypatch.setattr(layers, "_MAX_WINDOW_SLOTS_PER_REQUEST", 0)
+        monkeypatch.setattr(row_layout, "_MAX_WINDOW_SLOTS_PER_REQUEST", 0)
         gathered = model.forward(batch, cache).logits
     assert len(layouts) == 1 and layouts[0].first_slot == 0 and tuple(layouts[0].pad_index.shape) == (4, 4)
     if invariant:
@@ -339,16 +340,16 @@ def test_block_attention_forms_agree_with_per_head_softmax(per_row):
 
 
 def test_attention_kernel_choice():
-    from dspark_core.models import layers
+    from dspark_core.models import attention
 
-    q = torch.zeros(1, 1, layers.MATMUL_ATTENTION_MAX_ROWS, 4)
-    assert not layers._matmul_attention_for(q)  # auto: SDPA off CUDA
+    q = torch.zeros(1, 1, attention.MATMUL_ATTENTION_MAX_ROWS, 4)
+    assert not attention._matmul_attention_for(q)  # auto: SDPA off CUDA
     set_attention_kernel("matmul")
     try:
-        assert layers._matmul_attention_for(q)
+        assert attention._matmul_attention_for(q)
         with pytest.raises(ValueError, match="attention kernel 'flash': choose one of auto, sdpa, matmul"):
             set_attention_kernel("flash")
-        assert layers._matmul_attention_for(q)  # a refused name changes nothing
+        assert attention._matmul_attention_for(q)  # a refused name changes nothing
     finally:
         set_attention_kernel("auto")
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_core.graphs import static_shapes
-from dspark_core.models import layers
+from dspark_core.models import row_layout
 from dspark_core.models.base import ForwardBatch, make_forward_batch
 from dspark_core.models.random_models import random_target, tiny_target_config
 from dspark_core.models.row_cells import OneRowCells
@@ -59,7 +59,7 @@ def test_one_row_cells_give_live_rows_their_eager_results_and_touch_no_other_slo
     build = OneRowCells.build
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(OneRowCells, "build", classmethod(lambda cls, *a, **k: built.append(build(*a, **k)) or built[-1]))
-        patch.setattr(layers, "_MAX_WINDOW_SLOTS_PER_REQUEST", SLOTS if in_place else 0)
+        patch.setattr(row_layout, "_MAX_WINDOW_SLOTS_PER_REQUEST", SLOTS if in_place else 0)
         with static_shapes():
             static = model.forward(batch, cache, hidden_layers=(1,))
     cells = built[0]

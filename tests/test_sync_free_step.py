@@ -32,7 +32,7 @@ import torch
 from dspark_core.device import host_to_device, stages_through_pinned_memory
 from dspark_core.engine.engine import Engine, EngineConfig
 from dspark_core.engine.request import SamplingParams
-from dspark_core.models.layers import RowLayout
+from dspark_core.models.row_layout import RowLayout
 from dspark_kernels.accept_commit import Acceptance, commit_tokens
 from capture_support import StandInCapturedBackend, device_ops_outside_replays, host_reads
 from engine_support import greedy_references, random_prompts, synthetic_table, tiny_pair
@@ -49,7 +49,7 @@ EARLY_PROPOSAL_COPY = {("cpu", f"{STEP}:propose"), ("numpy", f"{STEP}:propose")}
 # made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the
 # batch, check the pack fit, and decide whether the verify key splits (a recorded graph computes both)
 EAGER_ONLY = {("_local_scalar_dense", "dspark_core/models/dspark_draft.py:backbone"),
-              ("tolist", "dspark_core/models/layers.py:build"),
+              ("tolist", "dspark_core/models/row_layout.py:build"),
               ("_local_scalar_dense", "kernels/pack.py:pack"),
               ("_local_scalar_dense", "dspark_core/engine/runner.py:_verify_fn")}  # split in the key or not
 

@@ -1,9 +1,9 @@
 """Decode-step attention alone: SDPA against the matmul form, at SmolLM2's head shapes (issue 17).
 
-``layers.attend`` runs one layer's attention of a decode or verify step: ``requests`` requests of
+``attention.attend`` runs one layer's attention of a decode or verify step: ``requests`` requests of
 ``rows`` query rows each (1 for target-only, K + 1 for a full-width verify), over ``keys`` key
 positions (a captured graph reads the whole cache: max_model_len). This times both kernels of
-``layers.set_attention_kernel`` on the same inputs and reports microseconds per call (CUDA events
+``attention.set_attention_kernel`` on the same inputs and reports microseconds per call (CUDA events
 on a GPU, wall time elsewhere) and the largest difference between their outputs.
 
     python benchmarks/h200/attention_micro.py --device cuda --output OUT/attention-micro.json
@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from dspark_core.models.layers import RowLayout, attend, grouped_mask, set_attention_kernel
+from dspark_core.models.attention import attend, grouped_mask, set_attention_kernel
+from dspark_core.models.row_layout import RowLayout
 
 
 def time_call(fn, device: str, iterations: int) -> float:

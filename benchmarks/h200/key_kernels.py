@@ -35,7 +35,7 @@ from engine_support import synthetic_table  # noqa: E402
 from dspark_core.engine.engine import Engine, EngineConfig  # noqa: E402
 from dspark_core.engine.request import SamplingParams  # noqa: E402
 from dspark_core.geometry import Geometry  # noqa: E402
-from dspark_core.models import layers  # noqa: E402
+from dspark_core.models import attention, layers  # noqa: E402
 
 # aten ops that launch no device kernel: views of existing storage, type queries, and the 0-dim host
 # tensors Python scalars are wrapped in (`torch.where(mask, x, 0.0)`)
@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=7)
     parser.add_argument("--output")
     args = parser.parse_args()
-    layers.set_attention_kernel("matmul")  # what CUDA runs at decode sizes
+    attention.set_attention_kernel("matmul")  # what CUDA runs at decode sizes
     torch.nn.functional.rms_norm = _rms_norm_as_one_kernel  # layers.rms_norm calls it through F
     layers._CPU_MIN_ROWS = 1  # no CPU-only row padding
     target, draft = load_models()

@@ -26,7 +26,7 @@ from dspark_core.commands.bench import _engine, _policies
 from dspark_core.engine.pipeline import DeviceQueue
 from dspark_core.engine.request import SamplingParams
 from dspark_core.geometry import kv_reserve
-from dspark_core.models.layers import ATTENTION_KERNELS, set_attention_kernel
+from dspark_core.models.attention import ATTENTION_KERNELS, set_attention_kernel
 from dspark_core.prompts import read_prompts_jsonl
 
 
@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--attention", default="auto", choices=ATTENTION_KERNELS,
-                        help="Attention kernel for the whole run (layers.set_attention_kernel); captured graphs keep it.")
+                        help="Attention kernel for the whole run (attention.set_attention_kernel); captured graphs keep it.")
     parser.add_argument("--captured_kv_spans", default="auto", help="As the serve flag: auto, off or a list of spans.")
     parser.add_argument("--output", required=True, help="JSON results; the profiler table goes beside it (.txt).")
     args = parser.parse_args()

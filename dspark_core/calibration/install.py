@@ -19,7 +19,7 @@ from dspark_core.calibration.plan import CalibrationPlan
 from dspark_core.calibration.probe import draft_off_summary, points_summary, run_probes
 from dspark_core.convert import unstructure
 from dspark_core.costs.base import CostSample
-from dspark_core.models.layers import invariant_key_tails
+from dspark_core.models.attention import invariant_key_tails
 from dspark_core.plugins import Hooks
 from dspark_core.table import CostTable, fit_table, save_table
 

@@ -39,7 +39,8 @@ from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.layers import apply_rope, block_attention, greedy_tokens, linear, rope_cos_sin
+from dspark_core.models.attention import block_attention
+from dspark_core.models.layers import apply_rope, greedy_tokens, linear, rope_cos_sin
 
 
 @frozen

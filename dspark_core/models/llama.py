@@ -22,10 +22,10 @@ from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.row_cells import OneRowCells, attend_cells, window_cells
-from dspark_core.models.layers import (RowLayout, apply_rope, attend, greedy_tokens, grouped_mask,
-                                      invariant_cache_length, invariant_kv_length, invariant_linear, linear,
-                                      products_rows_invariant, rms_norm, rope_cos_sin, rope_tables_per_head,
-                                      static_window_pays, swiglu)
+from dspark_core.models.attention import attend, grouped_mask, invariant_cache_length, invariant_kv_length
+from dspark_core.models.layers import (apply_rope, greedy_tokens, invariant_linear, linear, products_rows_invariant,
+                                      rms_norm, rope_cos_sin, rope_tables_per_head, swiglu)
+from dspark_core.models.row_layout import RowLayout, static_window_pays
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:

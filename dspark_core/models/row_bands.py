@@ -12,7 +12,7 @@ row count only, so this part of an uneven step is not in them.
 
 A band is a range of padded row indices ``[lo, hi)`` computed only for the requests that have a
 row at ``lo`` (the first band: every request, so its keys are read in place). Batch-invariant
-attention (:func:`~dspark_core.models.layers.invariant_attention`) computes every query row on its
+attention (:func:`~dspark_core.models.attention.invariant_attention`) computes every query row on its
 own, whatever the other rows, so splitting rows into bands leaves every row's bits as they were;
 ``tests/test_batch_invariance.py`` checks it. The bands are planned once per forward from the row
 counts (a small dynamic programme over the distinct counts) and reused by every layer.
@@ -86,7 +86,7 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
     """Bands of a forward: ``causal`` is the boolean ``[B, 1, R_max, L]`` mask, ``counts`` the rows
     of each padded request and ``extents`` the keys each one reads (its last position + 1; None:
     all ``L``); every band's additive mask is built here, once."""
-    from dspark_core.models.layers import grouped_mask, invariant_kv_length
+    from dspark_core.models.attention import grouped_mask, invariant_kv_length
 
     cuts = plan_cuts(counts)
     length = causal.shape[-1]
@@ -105,9 +105,9 @@ def plan_bands(causal: torch.Tensor, counts: list[int], groups: int, dtype: torc
 
 
 def banded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bands: list[RowBand]) -> torch.Tensor:
-    """:func:`~dspark_core.models.layers.invariant_attention` of padded queries ``q`` ``[B, R, H, d]``
+    """:func:`~dspark_core.models.attention.invariant_attention` of padded queries ``q`` ``[B, R, H, d]``
     band by band; returns ``[B, R, H, d]`` (rows outside every band are zeros, never read)."""
-    from dspark_core.models.layers import folded_attention, invariant_attention
+    from dspark_core.models.attention import folded_attention, invariant_attention
 
     if len(bands) == 1 and bands[0].members is None and bands[0].hi == q.shape[1]:
         return folded_attention(q, keys, values, bands[0].mask, invariant_attention)

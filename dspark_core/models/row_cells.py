@@ -2,7 +2,7 @@
 
 Target-only and draft-off steps verify one row per request (the anchor). A static-shape (captured)
 forward cannot read which rows belong to which request, so the general layout
-(:class:`~dspark_core.models.layers.RowLayout`) gathers each layer's queries into a per-request
+(:class:`~dspark_core.models.row_layout.RowLayout`) gathers each layer's queries into a per-request
 attention layout and scatters the outputs back: two device kernels per layer, 60 per step for
 SmolLM2, and a padding request's attention besides.
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from attrs import frozen
 
-from dspark_core.models.layers import RowLayout, attention_of_folded
+from dspark_core.models.attention import attention_of_folded
+from dspark_core.models.row_layout import RowLayout
 
 
 @frozen
@@ -82,7 +83,7 @@ def window_cells(num_slots: int, padding_slot: int) -> int:
 def attend_cells(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                  invariant: bool = False) -> torch.Tensor:
     """Attention of one query row per cell, ``q`` ``[C, heads, d]`` over keys ``[C, kv_heads, L, d]``
-    (``mask`` and ``invariant`` as :func:`~dspark_core.models.layers.attend` takes them): the query
+    (``mask`` and ``invariant`` as :func:`~dspark_core.models.attention.attend` takes them): the query
     heads of a key head are already its folded rows. Returns ``[C, heads * d]``."""
     cells, heads, head_dim = q.shape
     kv_heads = keys.shape[1]

@@ -21,7 +21,7 @@ from torch import nn
 from dspark_core.models.glm_dsa.config import GlmDsaConfig
 from dspark_core.models.glm_dsa.static import PerRow
 from dspark_core.models.glm_dsa.weights import Weights, rope_on_prefix, score_dtype
-from dspark_core.models.layers import RowLayout
+from dspark_core.models.row_layout import RowLayout
 
 INDEXER_NORM_EPS = 1e-6
 

@@ -29,7 +29,8 @@ from dspark_core.models.glm_dsa.config import GlmDsaConfig
 from dspark_core.models.glm_dsa.moe import DenseMlp, MoeBlock
 from dspark_core.models.glm_dsa.static import PerRow, static_shapes_active
 from dspark_core.models.glm_dsa.weights import Weights
-from dspark_core.models.layers import RowLayout, greedy_tokens, rms_norm, rope_cos_sin
+from dspark_core.models.layers import greedy_tokens, rms_norm, rope_cos_sin
+from dspark_core.models.row_layout import RowLayout
 
 
 class GlmDsaLayer(nn.Module):

@@ -1,0 +1,247 @@
+"""Attention over the KV cache for packed rows: the masks, the kernels (matmul, SDPA, batch-invariant,
+block) and :func:`attend`, which folds the query heads that share a key head into its rows."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from dspark_core.models.row_layout import HeadFolding, RowLayout
+
+
+def grouped_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean causal mask ``[B, 1, R, L]`` as the additive mask :func:`attend` takes:
+    ``[B, 1, groups * R, L]``, 0 where a query sees a key and -inf elsewhere, repeated for the
+    ``groups`` query heads that share one key head. Build it once per forward, not per layer."""
+    b, _, r, length = mask.shape
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return additive[:, :, None].expand(b, 1, groups, r, length).reshape(b, 1, groups * r, length)
+
+
+# Query rows per key head up to which CUDA attention runs as two matmuls around a softmax. SDPA's
+# float32 kernel (memory-efficient attention) gives each block of 64 query rows of a key head one
+# thread block that walks every key: a decode or verify step (3-24 rows per key head for SmolLM2)
+# then keeps 3-192 blocks busy on 132 SMs, and on the H200 one layer of one request over the
+# 2 048 captured key positions took 216 us, 73 % of a target-only step. The matmuls spread the key
+# axis over the whole GPU. Prefill (more rows) keeps SDPA, whose memory use does not grow with the
+# rows x keys scores.
+MATMUL_ATTENTION_MAX_ROWS = 64
+ATTENTION_KERNELS = ("auto", "sdpa", "matmul")
+_attention_kernel = "auto"
+
+
+def set_attention_kernel(name: str) -> None:
+    """Choose how :func:`attend` computes attention, process-wide: ``auto`` (the default: matmuls
+    for decode-sized row counts on CUDA, SDPA otherwise), ``sdpa`` or ``matmul`` everywhere. For
+    benchmarks that compare the two on one device."""
+    global _attention_kernel
+    if name not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {name!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    _attention_kernel = name
+
+
+def _matmul_attention_for(q: torch.Tensor) -> bool:
+    if _attention_kernel == "auto":
+        return q.is_cuda and q.shape[2] <= MATMUL_ATTENTION_MAX_ROWS
+    return _attention_kernel == "matmul"
+
+
+def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + mask) v`` as two batched matmuls; the softmax in float32 at least.
+
+    ``q`` ``[B, KV, rows, d]``, ``keys``/``values`` ``[B, KV, L, d]``, ``mask`` additive and
+    broadcastable to ``[B, KV, rows, L]``. Every query row sees at least one key (its own position).
+    """
+    scores = torch.matmul(q, keys.transpose(-1, -2))
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    # mask + scale * scores as one kernel, not a product then a sum over the whole scores tensor (every
+    # layer pays for it). The same bits as the two where the scale is a power of two (head_dim 64: 1/8)
+    scores = torch.add(mask, scores, alpha=q.shape[-1] ** -0.5)
+    return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+
+
+# The CPU flash-attention kernel (aten::_scaled_dot_product_flash_attention_for_cpu) reduces keys
+# in blocks of this many at every query length. Batch-invariant forwards read whole blocks (see
+# invariant_kv_length), so a row's blocks, and their bits, do not depend on how many keys the rest
+# of the batch needs.
+KEY_BLOCK = 512
+# A last block shorter than KEY_BLOCK that still gives every row of it the bits a whole block
+# gives, where invariant_key_tails() measures so: on the development CPU a row within the first 128
+# keys of its block got the same bits from blocks of 128 to 512 keys, and a row past them from
+# blocks of 384 to 512, but not from 256 or 320 (the value product sums its keys in another
+# grouping). Short contexts then read 128 or 384 keys instead of 512.
+SHORT_KEY_TAILS = (128, 384)
+# Fewer folded query rows than this take another product path inside that kernel, whose bits
+# differ (measured on torch 2.13: 3 rows differ from 4+; 4 to 3 000 rows agree), so calls are
+# padded up to it.
+MIN_FOLDED_ROWS = 4
+
+
+def invariant_kv_length(needed: int, cache_length: int, tails: tuple[int, ...] | None = None) -> int:
+    """Keys a batch-invariant forward reads when its rows need ``needed``: whole
+    :data:`KEY_BLOCK` blocks, the last one possibly one of the shorter ``tails`` (default:
+    :func:`invariant_key_tails`). A block the cache cannot hold whole is read up to the cache's
+    end, so every row in it always meets the same short block."""
+    full, tail = divmod(needed, KEY_BLOCK)
+    if tail == 0:
+        return min(needed, cache_length)
+    if (full + 1) * KEY_BLOCK > cache_length:
+        return cache_length
+    tails = invariant_key_tails() if tails is None else tails
+    return full * KEY_BLOCK + next((t for t in tails if t >= tail), KEY_BLOCK)
+
+
+def invariant_cache_length(max_len: int) -> int:
+    """Positions a batch-invariant KV cache allocates to hold ``max_len``: ``max_len`` rounded up to
+    a length :func:`invariant_kv_length` reads, a whole number of key blocks or a checked tail.
+
+    A read that reaches the cache's end stops there, so the cache's last block must itself be one
+    whose bits the invariance check covers: on the development CPU a last block of 2 or 3 keys gave
+    a row other bits depending on where it sat in the call (a hypothesis case of two rows over a
+    two-key cache found it). The extra positions are never written and always masked; SmolLM2's
+    default lengths (multiples of 512) allocate nothing more."""
+    return invariant_kv_length(max_len, max_len + KEY_BLOCK)
+
+
+@functools.cache
+def invariant_key_tails() -> tuple[int, ...]:
+    """The last-block lengths :func:`invariant_kv_length` may use on this CPU: :data:`SHORT_KEY_TAILS`
+    where a check, run once per process, finds that they give rows the bits of whole blocks, none
+    otherwise (every block whole). Block lengths change how the kernel's products group their sums,
+    which depends on the BLAS build and the CPU, so this is measured rather than assumed."""
+    return SHORT_KEY_TAILS if key_tails_invariant(SHORT_KEY_TAILS) else ()
+
+
+def key_tails_invariant(tails: tuple[int, ...]) -> bool:
+    """Whether rows at positions across two blocks get the same bits from every key length that
+    :func:`invariant_kv_length` with ``tails`` can give them (rows alone and beside others)."""
+    generator = torch.Generator().manual_seed(0)
+    kv_heads, groups, head_dim, length = 2, 3, 64, 2 * KEY_BLOCK
+    keys, values = (torch.randn(2, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+    for position in range(1, length, 13):  # every offset class within a block, in both blocks
+        q = torch.randn(2, kv_heads, 2 * groups, head_dim, generator=generator)
+        positions = torch.tensor([position - 1, position] * groups)
+        reference = None
+        for read in sorted({invariant_kv_length(n, length, tails) for n in range(position + 1, length + 1)}):
+            mask = torch.zeros(1, 1, positions.shape[0], read).masked_fill_(
+                torch.arange(read)[None, None, None, :] > positions[None, None, :, None], float("-inf"))
+            out = invariant_attention(q, keys[:, :, :read], values[:, :, :read], mask)
+            if reference is not None and not torch.equal(out, reference):
+                return False
+            reference = out
+    return True
+
+
+def invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention whose every query row gets the same bits whatever else is in the batch.
+
+    ``q`` ``[B, KV, rows, d]``, ``keys``/``values`` ``[B, KV, L, d]``, ``mask`` additive,
+    ``[B or 1, 1, rows, L]``; computed in float32 at least and returned in ``q``'s dtype.
+
+    One call of torch's CPU flash-attention kernel. Per query row it reduces the head dimension in
+    a product and the keys block by block (:data:`KEY_BLOCK`), each block's exponentials summed
+    in a fixed vector order and the blocks folded in key order. Keys a row cannot see add exact
+    zeros (their weight is ``exp(-inf)``, and the cache holds finite values), so reading more
+    blocks past a row's position leaves its bits alone, provided every call reads whole blocks
+    (:func:`invariant_kv_length`). Two conditions keep the products themselves invariant, both
+    measured rather than documented: at least :data:`MIN_FOLDED_ROWS` query rows, and at least
+    two ``(request, key head)`` pairs, because a call with one pair runs outside the kernel's
+    parallel region and the product it calls may then split its work across threads.
+    ``tests/test_batch_invariance.py`` checks rows, requests, key lengths and thread counts.
+    It replaced a kernel of one product per 128-key chunk (benchmarks/attention_kernel.py, AVX2
+    EPYC): 0.65-0.97x its time at 16 requests of 250-400 keys, 0.77-0.83x on uneven steps and
+    0.35-0.72x for one request, but 1.14-1.26x when every request is below 256 keys (384 keys
+    read where 256 were).
+    """
+    batch, kv_heads, rows, _ = q.shape
+    compute = torch.promote_types(q.dtype, torch.float32)
+    padded_q, padded_mask = q.to(compute), mask.to(compute)
+    if rows < MIN_FOLDED_ROWS:  # the extra rows see every key (a finite, unread result)
+        padded_q = F.pad(padded_q, (0, 0, 0, MIN_FOLDED_ROWS - rows))
+        padded_mask = F.pad(padded_mask, (0, 0, 0, MIN_FOLDED_ROWS - rows))
+    keys, values = keys.to(compute), values.to(compute)
+    if batch * kv_heads == 1:  # a second copy of the request keeps the call in the parallel region
+        padded_q, keys, values = (torch.cat([t, t]) for t in (padded_q, keys, values))  # (the mask broadcasts)
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(padded_q, keys, values, attn_mask=padded_mask)[0]
+    return out[:batch, :, :rows].to(q.dtype)
+
+
+def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of ``q`` ``[B, H, S, d]`` over ``keys``/``values`` ``[B, KV, L, d]`` with a boolean
+    ``mask`` broadcastable to ``[B, 1, S, L]``; query head ``h`` reads key head ``h // (H / KV)``.
+
+    The draft's block forward: on CUDA at decode sizes the matmul form (as in :func:`attend`, with
+    the query heads folded into their key head's rows), elsewhere SDPA with ``enable_gqa``.
+    """
+    batch, heads, rows, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    folded = q.reshape(batch, kv_heads, heads // kv_heads * rows, head_dim)
+    if not _matmul_attention_for(folded):
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
+    additive = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+    groups = heads // kv_heads
+    if additive.shape[2] != 1:  # a per-row mask repeats for each query head of a group
+        additive = additive.repeat(1, 1, groups, 1)
+    return matmul_attention(folded, keys, values, additive).reshape(batch, heads, rows, head_dim)
+
+
+def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor | None,
+           invariant: bool = False, bands: list | None = None, folding: HeadFolding | None = None) -> torch.Tensor:
+    """Attention of packed queries ``[G, H, hd]`` over per-request keys ``[B, KV, L, hd]``.
+
+    Returns ``[G, H * hd]``. ``mask`` comes from :func:`grouped_mask`. Query head ``h`` reads
+    key head ``h // (H / KV)`` (grouped-query attention). The ``H / KV`` query heads of a key
+    head are folded into its query rows, so attention runs as ``KV`` heads of ``(H / KV) * R``
+    rows each: the same sums as SDPA's ``enable_gqa``, without copying keys per query head,
+    and in a few large blocks instead of many blocks of ``R`` rows (a verify step has 1-8
+    rows per request). On the development CPU it cut SmolLM2's attention by a quarter at
+    4 requests of 2 rows and 300 tokens of context (0.55 -> 0.41 ms per layer).
+    ``invariant``: through :func:`invariant_attention` (the batch reading whole key blocks, see
+    :func:`invariant_kv_length`), so a row's output does not depend on the other rows or on how
+    many keys past its own position the batch reads. ``bands`` (invariant only, instead of
+    ``mask``): :mod:`~dspark_core.models.row_bands`, so a request pays for its own rows only.
+    ``folding``: :meth:`RowLayout.head_folding` of the layout, built once per forward by callers
+    that attend every layer (built here when not given).
+    """
+    if invariant and bands is not None:
+        from dspark_core.models.row_bands import banded_attention
+
+        return layout.unpad(banded_attention(layout.pad(q_rows), keys, values, bands)).reshape(q_rows.shape[0], -1)
+    assert mask is not None, "attend needs the additive mask unless row bands are given"
+    if folding is None:
+        folding = layout.head_folding(q_rows.shape[1], keys.shape[1])
+    head_dim = q_rows.shape[-1]
+    folded = q_rows[folding.gather_rows, folding.gather_heads]  # [B, KV, groups * R, hd]
+    out = attention_of_folded(folded, keys, values, mask, invariant)
+    return out.reshape(-1, head_dim)[folding.scatter].reshape(q_rows.shape[0], -1)
+
+
+def attention_of_folded(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                        invariant: bool = False) -> torch.Tensor:
+    """Attention of folded queries ``[B, KV, rows, d]`` (see :func:`attend`): :func:`invariant_attention`,
+    or the default kernel on keys and values in the queries' dtype."""
+    if invariant:
+        return invariant_attention(q, keys, values, mask)
+    return _default_attention(q, keys.to(q.dtype), values.to(q.dtype), mask)
+
+
+def _default_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The non-invariant kernel for folded queries: two matmuls where they pay (:func:`_matmul_attention_for`), else SDPA."""
+    if _matmul_attention_for(q):
+        return matmul_attention(q, keys, values, mask)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
+def folded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     kernel: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Padded queries ``[B, R, H, d]``: the ``H / KV`` query heads of each key head folded into its
+    rows, ``kernel(folded, keys, values, mask)`` run on ``KV`` heads, and the result unfolded to
+    ``[B, R, H, d]`` (the layout :func:`attend` and the row bands share)."""
+    requests, rows, heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    folded = q.permute(0, 2, 1, 3).reshape(requests, kv_heads, heads // kv_heads * rows, head_dim)
+    return kernel(folded, keys, values, mask).reshape(requests, heads, rows, head_dim).transpose(1, 2)
+
