@@ -21,11 +21,11 @@ from dspark_core.models.base import ForwardBatch, ForwardOutput, TargetConfig
 from dspark_core.models.greedy_head import GreedyHead
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
-from dspark_core.models.row_cells import OneRowCells, attend_cells, window_cells
+from dspark_core.models.row_cells import OneRowCells, attend_cells
 from dspark_core.models.attention import attend, grouped_mask, invariant_cache_length, invariant_kv_length
 from dspark_core.models.layers import (apply_rope, greedy_tokens, invariant_linear, linear, products_rows_invariant,
                                       rms_norm, rope_cos_sin, rope_tables_per_head, swiglu)
-from dspark_core.models.row_layout import RowLayout, static_window_pays
+from dspark_core.models.row_layout import RowLayout, static_window_pays, window_cells
 
 
 def batch_invariant_default(device: torch.device, dtype: torch.dtype) -> bool:
@@ -226,7 +226,8 @@ class LlamaTarget(nn.Module):
                 layout = cells.layout
             elif window:  # read the cache in place
                 layout = RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets,
-                                                 num_slots=cache.num_slots, max_rows=max_rows, kv_len=kv_len)
+                                                 num_slots=cache.num_slots, max_rows=max_rows, kv_len=kv_len,
+                                                 padding_slot=batch.padding_slot)
             else:
                 layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
                                          kv_len=kv_len)

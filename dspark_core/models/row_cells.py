@@ -74,12 +74,6 @@ class OneRowCells:
         return cls(row_of_cell, cell_of_row, cell_positions, layout)
 
 
-def window_cells(num_slots: int, padding_slot: int) -> int:
-    """Cells of an in-place read over a cache of ``num_slots`` slots: every slot but the padding slot
-    when it is the last one (the engine's scratch slot), whose rows are never read."""
-    return num_slots - 1 if padding_slot == num_slots - 1 else num_slots
-
-
 def attend_cells(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                  invariant: bool = False) -> torch.Tensor:
     """Attention of one query row per cell, ``q`` ``[C, heads, d]`` over keys ``[C, kv_heads, L, d]``

@@ -23,6 +23,12 @@ def static_window_pays(num_slots: int, requests: int) -> bool:
     return num_slots <= _MAX_WINDOW_SLOTS_PER_REQUEST * requests
 
 
+def window_cells(num_slots: int, padding_slot: int | None) -> int:
+    """Slots an in-place read over a cache of ``num_slots`` slots attends from slot 0: every slot but the
+    padding slot when it is the last one (the engine's scratch slot), whose rows nobody reads."""
+    return num_slots - 1 if padding_slot == num_slots - 1 else num_slots
+
+
 def _slot_window(counts: list[int], slots: list[int], padding_slot: int | None) -> tuple[int, int, list[int]] | None:
     """``(first slot, width, live requests)`` of the slot window of a batch (host lists), or None
     when the live requests' slots repeat or are spread too thinly for reading in place to pay."""
@@ -109,25 +115,30 @@ class RowLayout:
 
     @classmethod
     def static_window(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
-                      num_slots: int, max_rows: int, kv_len: int) -> RowLayout:
-        """Static-shape layout over every cache slot (a slot window from slot 0 of ``num_slots``): each
-        request's rows sit in its slot's cell, so attention reads the cache in place instead of
-        gathering each request's keys and values (a copy of every layer's cache span per step). No host
-        read. Cells of idle slots get dummy queries; a request with more rows than ``max_rows`` (only
-        the padding one) attends its first ``max_rows``, its later rows reading back one of those. Slots
-        must be distinct between requests that have rows (the scratch slot's empty entries have none)."""
+                      num_slots: int, max_rows: int, kv_len: int, padding_slot: int | None = None) -> RowLayout:
+        """Static-shape layout over the cache's slots (a slot window from slot 0, of every slot but a
+        last one that is ``padding_slot``: :func:`window_cells`): each request's rows sit in its slot's
+        cell, so attention reads the cache in place instead of gathering each request's keys and values
+        (a copy of every layer's cache span per step). No host read. Cells of idle slots get dummy
+        queries; a request with more rows than ``max_rows`` (only the padding one) attends its first
+        ``max_rows``, its later rows reading back one of those, and rows on a slot past the window (the
+        padding slot's) read back cell 0. Slots must be distinct between requests that have rows (the
+        scratch slot's empty entries have none)."""
         rows, device = positions.shape[0], positions.device
+        slots = window_cells(num_slots, padding_slot)
         slot_of_row, _, step_of_row = _row_coordinates(positions, slot_ids, row_offsets,
                                                        row_offsets[1:] - row_offsets[:-1], max_rows)
-        cell = slot_of_row * max_rows + step_of_row
-        # (several rows share a cell only past the padding request's bound: any of them will do)
-        pad_index = torch.zeros(num_slots * max_rows, dtype=torch.long, device=device)
+        in_window = slot_of_row < slots
+        # rows past the window scatter into one sink cell past the end, then cut off; several rows share
+        # a cell only past the padding request's bound: any of them will do
+        cell = torch.where(in_window, slot_of_row * max_rows + step_of_row, slots * max_rows)
+        pad_index = torch.zeros(slots * max_rows + 1, dtype=torch.long, device=device)
         pad_index[cell] = torch.arange(rows, device=device)
-        valid = torch.zeros(num_slots * max_rows, dtype=torch.bool, device=device)
+        valid = torch.zeros(slots * max_rows + 1, dtype=torch.bool, device=device)
         valid[cell] = True
-        pad_index, valid = pad_index.view(num_slots, max_rows), valid.view(num_slots, max_rows)
+        pad_index, valid = pad_index[:-1].view(slots, max_rows), valid[:-1].view(slots, max_rows)
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
-        return cls(pad_index, valid, slot_of_row, query_positions, kv_len, cell, 0)
+        return cls(pad_index, valid, slot_of_row, query_positions, kv_len, torch.where(in_window, cell, 0), 0)
 
     def read(self, cache, layer: int, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, kv_heads, kv_len, head_dim]`` of ``layer`` for the padded rows: a
