@@ -50,13 +50,12 @@ def with_copy_prefix(engine, order: int, counts: dict, confidence: float | None 
 
     def block(anchors: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
         tokens, confidences = drafted(anchors, positions, slots)
-        prompts = {r.slot: r.prompt for r in engine.scheduler.running}
+        running = {r.slot for r in engine.scheduler.running}
         tokens, confidences = tokens.clone(), confidences.clone()
         for b, slot in enumerate(slots.tolist()):
-            if slot not in prompts:
+            if slot not in running:
                 continue  # bucket padding
-            written = runner.storage.output_tokens[slot, : int(runner.storage.output_lengths[slot])].tolist()
-            history = prompts[slot] + written
+            history = runner.storage.history[slot, : int(runner.storage.seq_len[slot])].tolist()  # prompt + output
             assert history[-1] == int(anchors[b]), "the anchor is not the last committed token"
             prefix = last_match_continuation(history, len(history) - 1, order, tokens.shape[1]) or []
             counts["blocks"] += 1

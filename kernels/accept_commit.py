@@ -45,16 +45,18 @@ def accept_reference(drafts: torch.Tensor, lengths: torch.Tensor, target_grid: t
 
 
 def make_accept(width: int):
-    """Width-specialised acceptance: prefix match as a cumulative product over K."""
+    """Width-specialised acceptance: the first mismatch as a masked min over K."""
 
     def accept(drafts: torch.Tensor, lengths: torch.Tensor, target_grid: torch.Tensor) -> Acceptance:
         if drafts.shape[1] != width:
             raise ValueError(f"accept kernel for K={width} got drafts of width {drafts.shape[1]}")
-        column = torch.arange(width, device=drafts.device)
-        match = (drafts == target_grid[:, :width]) & (column.unsqueeze(0) < lengths.unsqueeze(1))
-        accepted = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)
-        keep = torch.arange(width + 1, device=drafts.device).unsqueeze(0) <= accepted.unsqueeze(1)
-        committed = torch.where(keep, target_grid, torch.zeros_like(target_grid))
+        column = torch.arange(width + 1, device=drafts.device).unsqueeze(0)  # [1, K+1], shared by both masks
+        drafted = column[:, :width]
+        # acceptance stops at the first draft the target disagrees with, or past the verified prefix
+        stop = (drafts != target_grid[:, :width]) | (drafted >= lengths.unsqueeze(1))
+        # the first stop's column, or K when every draft is accepted: a min over [B, K], no running product
+        accepted = torch.where(stop, drafted, width).amin(dim=1)
+        committed = torch.where(column <= accepted.unsqueeze(1), target_grid, 0)
         return Acceptance(accepted, committed)
 
     accept.__name__ = f"accept_k{width}"

@@ -22,20 +22,22 @@ def survival(confidences: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(confidences.float(), dim=1)
 
 
-def _masked_survival(confidences: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
-    surv = survival(confidences)
+def _position_major(confidences: torch.Tensor, caps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Survivals flattened position-major (index j * B + r), capped positions at -1, and the [K, B]
+    mask of the positions each request's cap allows."""
     positions = torch.arange(confidences.shape[1], device=confidences.device)
-    allowed = positions.unsqueeze(0) < caps.unsqueeze(1)
-    # -1 sorts below every real survival (which is >= 0), so capped positions go last.
-    return torch.where(allowed, surv, torch.full_like(surv, -1.0))
+    allowed = positions.unsqueeze(1) < caps.unsqueeze(0)  # [K, B]
+    # -1 sorts below every real survival (which is >= 0), so capped positions go last. The result takes
+    # the layout of the mask, its first operand: [K, B] contiguous, so it flattens without a copy
+    surv = torch.where(allowed, survival(confidences).t(), -1.0)
+    return surv.reshape(-1), allowed
 
 
 def allocate_reference(confidences: torch.Tensor, caps: torch.Tensor, draft_rows: int) -> torch.Tensor:
     """Portable reference: a stable sort over position-major order. Returns lengths [B] int64."""
     batch, width = confidences.shape
-    surv = _masked_survival(confidences, caps)
     # position-major flattening: index = j * B + r, so a stable sort breaks ties by (j, r)
-    flat = surv.t().reshape(-1)
+    flat, _ = _position_major(confidences, caps)
     order = torch.sort(-flat, stable=True).indices
     take = min(max(int(draft_rows), 0), int(caps.clamp(min=0, max=width).sum()))
     chosen = order[:take]
@@ -58,19 +60,18 @@ def make_allocate(width: int):
         if confidences.shape[1] != width:
             raise ValueError(f"allocate kernel for K={width} got confidences of width {confidences.shape[1]}")
         batch = confidences.shape[0]
-        surv = _masked_survival(confidences, caps).t().reshape(-1)  # position-major
-        count = batch * width
-        index = torch.arange(count, device=confidences.device)
-        before = (surv.unsqueeze(0) > surv.unsqueeze(1)) | (
-            (surv.unsqueeze(0) == surv.unsqueeze(1)) & (index.unsqueeze(0) < index.unsqueeze(1))
-        )
+        surv, allowed = _position_major(confidences, caps)
+        index = torch.arange(batch * width, device=confidences.device)
+        # f precedes e when its survival is higher, or equal and f comes first in position-major order
+        earlier = index.unsqueeze(0) < index.unsqueeze(1)  # [e, f]: f < e
+        before = torch.where(earlier, surv.unsqueeze(0) >= surv.unsqueeze(1), surv.unsqueeze(0) > surv.unsqueeze(1))
         rank = before.sum(dim=1)  # rank[e] = elements ordered before e
-        room = caps.clamp(min=0, max=width).sum()
-        if isinstance(draft_rows, torch.Tensor):  # a graph input: the count is read on the device
-            budget = torch.minimum(room, draft_rows.clamp(min=0))
-        else:
-            budget = torch.clamp(room, max=max(int(draft_rows), 0))
-        chosen = (rank < budget).reshape(width, batch)
+        # Allowed survivals (>= 0) all rank before the capped ones (-1), so the first min(room, m) ranks
+        # are the m best allowed positions, room being the allowed count: rank < m, restricted to allowed
+        # positions, picks them without summing the caps.
+        if not isinstance(draft_rows, torch.Tensor):  # a graph input is read on the device; ranks are >= 0,
+            draft_rows = max(int(draft_rows), 0)  # so a negative tensor count chooses nothing either
+        chosen = (rank < draft_rows).reshape(width, batch) & allowed
         return chosen.sum(dim=0).to(torch.int64)
 
     allocate.__name__ = f"allocate_k{width}"

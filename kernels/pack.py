@@ -50,7 +50,7 @@ def pack_reference(anchors: torch.Tensor, drafts: torch.Tensor, lengths: torch.T
 
 
 def make_pack(width: int):
-    """Width-specialised pack: scatter a static [B, K+1] grid into the tier's rows."""
+    """Width-specialised pack: write a static [B, K+1] grid into the tier's rows."""
 
     def pack(anchors: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor,
              slots: torch.Tensor, tier_rows: int, pad_slot: int, pad_token: int = 0) -> PackedRows:
@@ -64,7 +64,7 @@ def make_pack(width: int):
         used = column.unsqueeze(0) <= lengths.unsqueeze(1)
         counts = lengths + 1
         offsets = torch.zeros(batch + 1, dtype=torch.int64, device=device)
-        offsets[1:] = torch.cumsum(counts, dim=0)
+        torch.cumsum(counts, dim=0, out=offsets[1:])  # straight into place: no copy after the scan
         total = offsets[-1]
         # a host read, so only outside static-shape mode (graph capture); the budget split
         # never asks for more rows than the tier has
@@ -72,16 +72,16 @@ def make_pack(width: int):
             raise ValueError(f"{int(total)} rows do not fit tier {tier_rows}: the budget policy's split asks for "
                              f"{int(total)} rows (its verify lengths plus one anchor per request), more than the tier its "
                              "choose_tier chose")
-        target_index = offsets[:-1].unsqueeze(1) + column.unsqueeze(0)
-        # unused grid cells go to a sink index past the end, then get cut off
-        target_index = torch.where(used, target_index, torch.full_like(target_index, tier_rows))
+        # [B, K+1]: each grid cell's row; unused cells go to a sink row past the end, then get cut off
+        target_index = torch.where(used, offsets[:-1].unsqueeze(1) + column.unsqueeze(0), tier_rows)
         tokens = torch.full((tier_rows + 1,), pad_token, dtype=torch.int64, device=device)
         positions = torch.zeros(tier_rows + 1, dtype=torch.int64, device=device)
         row_slots = torch.full((tier_rows + 1,), pad_slot, dtype=torch.int64, device=device)
-        flat_index = target_index.reshape(-1)
-        tokens.scatter_(0, flat_index, grid_tokens.reshape(-1))
-        positions.scatter_(0, flat_index, grid_positions.reshape(-1))
-        row_slots.scatter_(0, flat_index, slots.unsqueeze(1).expand(batch, width + 1).reshape(-1))
+        # indexed writes take the [B, K+1] grid as it is and broadcast each request's slot over its
+        # cells (a scatter wants flat sources: the expanded slots would be copied first)
+        tokens[target_index] = grid_tokens
+        positions[target_index] = grid_positions
+        row_slots[target_index] = slots.unsqueeze(1)
         return PackedRows(tokens[:tier_rows], positions[:tier_rows], row_slots[:tier_rows], offsets)
 
     pack.__name__ = f"pack_k{width}"

@@ -54,6 +54,9 @@ class ModelRunner:
         self.kv_spans = tuple(sorted(kv_spans))
         self.scratch_slot = num_slots
         self.device = target.device
+        # the scratch slot as a device tensor, made once here: a verify key appends it to its slots
+        # without a fill kernel on every replay
+        self._scratch_slot_id = torch.full((1,), num_slots, dtype=torch.int64, device=self.device)
         self.kernels = kernels_for(draft_width)
         self.target_cache = target.new_cache(num_slots + 1, max_len)
         self.storage = SlotStorage(num_slots, draft_width, max_len, device=self.device)
@@ -337,7 +340,7 @@ class ModelRunner:
         # anchor and at most min(K, G - B) drafted rows, so a captured forward sizes attention for that
         # many rows per request instead of the tier's G (16 requests at full width: 16 times fewer
         # scores; target-only at 16 requests: one row each, not 16)
-        batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, slot_ids.new_full((1,), self.scratch_slot)]),
+        batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, self._scratch_slot_id]),
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
                              padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1)
         out = self.forward(batch, greedy_only=True)
@@ -461,5 +464,6 @@ def pad_to(values: torch.Tensor, rows: int, fill: int) -> torch.Tensor:
 def pack_host_result(acceptance: Acceptance, lengths: torch.Tensor, confidences: torch.Tensor) -> torch.Tensor:
     """What the host reads of a step as one float64 tensor [n, 2 + (K+1) + K]: accepted count, verify
     length, committed tokens, confidences (token ids and counts are exact in float64)."""
-    columns = (acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed, confidences)
-    return torch.cat([column.to(torch.float64) for column in columns], dim=1)
+    counts = torch.cat([acceptance.accepted.unsqueeze(1), lengths.unsqueeze(1), acceptance.committed], dim=1)
+    # the integer columns are joined first, so they take one conversion (a device kernel each) instead of three
+    return torch.cat([counts.to(torch.float64), confidences.to(torch.float64)], dim=1)

@@ -26,9 +26,9 @@ class SlotStorage:
         self.confidences = torch.zeros(total, draft_width, dtype=torch.float32, device=device)
         self.last_token = torch.zeros(total, dtype=torch.int64, device=device)  # the next anchor
         self.seq_len = torch.zeros(total, dtype=torch.int64, device=device)  # committed tokens incl. prompt
-        self.output_tokens = torch.zeros(total, max_output, dtype=torch.int64, device=device)
-        self.output_lengths = torch.zeros(total, dtype=torch.int64, device=device)
-        # every committed token by position, prompt included (copy proposals look things up in it);
+        # every committed token by position, prompt included (copy proposals look things up in it; a
+        # request's output is history[slot, prompt length : seq_len], and the host learns each step's
+        # tokens from the verify key's host result, so no separate output buffer is kept);
         # K + 1 spare columns take a commit's cells past the committed ones without folding
         self.history = torch.zeros(total, max_output + draft_width + 1, dtype=torch.int64, device=device)
         self._free = list(range(num_slots - 1, -1, -1))
@@ -55,8 +55,6 @@ class SlotStorage:
         self.history[slots, prompt_lengths] = first_tokens
         self.seq_len[slots] = prompt_lengths + 1
         self.last_token[slots] = first_tokens
-        self.output_lengths[slots] = 1
-        self.output_tokens[slots, 0] = first_tokens
 
     def anchors(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Anchor token and its position for each slot."""
@@ -77,6 +75,5 @@ class SlotStorage:
         Read-free and fixed-shape. Slots may repeat only on the scratch slot (bucket padding),
         whose values nobody reads.
         """
-        commit_tokens(self.output_tokens, self.output_lengths, slots, acceptance)
         self.last_token[slots] = acceptance.committed.gather(1, acceptance.accepted.unsqueeze(1)).squeeze(1)
         commit_tokens(self.history, self.seq_len, slots, acceptance)  # advances seq_len by accepted + 1
