@@ -13,7 +13,7 @@ from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
 from dspark_core.models.attention import (_default_attention, attend, block_attention, folded_attention, grouped_mask,
                                          set_attention_kernel)
-from dspark_core.models.layers import apply_rope, greedy_tokens, rope_cos_sin, rope_tables_per_head
+from dspark_core.models.layers import apply_rope, greedy_tokens, rope_constants, rope_cos_sin, rope_tables_per_head
 from dspark_core.models.row_layout import RowLayout
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.random_models import random_target, tiny_target_config
@@ -55,6 +55,15 @@ def test_rope_gives_the_bits_of_the_textbook_rotate_half(dtype, head_dim):
     half = head_dim // 2
     textbook = x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
     assert torch.equal(apply_rope(x, *rope_cos_sin(positions, head_dim, 10000.0, dtype)), textbook)
+
+
+def test_rope_tables_from_a_model_s_constants_are_the_tables_built_from_scratch():
+    positions = torch.arange(0, 5000, 3)
+    for head_dim, theta in ((64, 10000.0), (128, 500000.0)):
+        constants = rope_constants(head_dim, theta, "cpu")
+        for dtype in (torch.float32, torch.bfloat16):
+            built, given = rope_cos_sin(positions, head_dim, theta, dtype), rope_cos_sin(positions, head_dim, theta, dtype, constants)
+            assert all(torch.equal(a, b) for a, b in zip(built, given))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

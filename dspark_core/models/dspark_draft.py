@@ -40,7 +40,7 @@ from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.attention import block_attention
-from dspark_core.models.layers import apply_rope, greedy_tokens, linear, rope_cos_sin
+from dspark_core.models.layers import apply_rope, greedy_tokens, linear, rope_constants, rope_cos_sin
 
 
 @frozen
@@ -72,6 +72,7 @@ class DSparkDraft(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool) if subset else None)
         self.register_buffer("temperatures", torch.tensor(c.temperatures, dtype=torch.float32), persistent=False)
         self.context: KVCache | None = None
+        self._rope_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # with the context
         self._embed: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
 
@@ -101,6 +102,8 @@ class DSparkDraft(nn.Module):
         c = self.config
         p = self.fc.weight
         self.context = KVCache.allocate(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype=p.dtype, device=p.device)
+        # made here, on the draft's device, before any forward (and so before any graph capture)
+        self._rope_constants = rope_constants(c.head_dim, c.rope_theta, p.device)
         return self.context
 
     def _ready(self) -> None:
@@ -117,7 +120,7 @@ class DSparkDraft(nn.Module):
         c = self.config
         with torch.no_grad():
             ctx = self.hidden_norm(project(self.fc, hidden.to(self.fc.weight.dtype)))
-            cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, ctx.dtype)
+            cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, ctx.dtype, self._rope_constants)
             for i, layer in enumerate(self.layers):
                 a = layer.self_attn
                 k = a.k_norm(project(a.k_proj, ctx).view(-1, c.num_kv_heads, c.head_dim))
@@ -137,7 +140,7 @@ class DSparkDraft(nn.Module):
         ids[:, 0] = anchor_tokens
         x = self._embed[ids].to(self.fc.weight.dtype)
         positions = (anchor_positions[:, None] + torch.arange(s, device=ids.device)).reshape(-1)
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype, self._rope_constants)
         if static_shapes_active():
             # graph capture: read every slot's whole context cache (or the key's span of it), the mask
             # hides positions >= anchor; no host read and a key length fixed by the key, with the eager result

@@ -33,15 +33,26 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_constants(head_dim: int, theta: float, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`rope_cos_sin` needs besides the positions, float32 ``[head_dim]`` each: every entry's
+    angle per position (the inverse frequencies, once per half) and the rotate-half sign (-1 on the
+    first half). A model makes them once, where its device is known, and passes them to every
+    forward: building them takes about eight device kernels per call, which a captured step would
+    replay each time."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    half = head_dim // 2
+    sign = torch.cat([torch.full((half,), -1.0, device=device), torch.ones(half, device=device)])
+    return torch.cat([inv_freq, inv_freq]), sign
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 constants: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables ``[N, head_dim]`` for :func:`apply_rope` (rotate-half convention): the cosines, and the
     sines with the first half negated (the sign rotate-half gives the second half of each vector when
-    it moves to the front), so a layer rotates without negating its own rows. Built once per forward."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
-    half = head_dim // 2
-    sign = torch.cat([angles.new_full((half,), -1.0), angles.new_ones(half)])
+    it moves to the front), so a layer rotates without negating its own rows. Built once per forward,
+    from :func:`rope_constants` (made here when not given)."""
+    frequencies, sign = rope_constants(head_dim, theta, positions.device) if constants is None else constants
+    angles = positions.float()[:, None] * frequencies[None, :]
     return angles.cos().to(dtype), (angles.sin() * sign).to(dtype)
 
 

@@ -24,7 +24,7 @@ from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.row_cells import OneRowCells, attend_cells
 from dspark_core.models.attention import attend, grouped_mask, invariant_cache_length, invariant_kv_length
 from dspark_core.models.layers import (apply_rope, greedy_tokens, invariant_linear, linear, products_rows_invariant,
-                                      rms_norm, rope_cos_sin, rope_tables_per_head, swiglu)
+                                      rms_norm, rope_constants, rope_cos_sin, rope_tables_per_head, swiglu)
 from dspark_core.models.row_layout import RowLayout, static_window_pays, window_cells
 
 
@@ -90,6 +90,7 @@ class LlamaTarget(nn.Module):
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.device = torch.device(device)
+        self._rope_constants = rope_constants(config.head_dim, config.rope_theta, self.device)
         # Batch-invariant forwards: a row's logits do not depend on the batch it is in (see
         # batch_invariant_default for when they are on).
         self.set_batch_invariant(batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant)
@@ -149,7 +150,7 @@ class LlamaTarget(nn.Module):
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary tables :meth:`_qkv` takes for rows at ``positions``; build them once per forward."""
         c, heads = self.config, self.head_config
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, self.dtype)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, self.dtype, self._rope_constants)
         if self.layers[0].q_norm is not None:  # query and key heads are normed apart: tables shared by heads
             return cos, sin
         return rope_tables_per_head(cos, sin, heads.num_heads + heads.num_kv_heads, heads.num_kv_heads)
