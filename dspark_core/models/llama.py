@@ -204,34 +204,35 @@ class LlamaTarget(nn.Module):
             self._greedy_head_cache = cached
         return cached[1]
 
+    def _static_layout(self, batch: ForwardBatch, cache: KVCache) -> tuple[RowLayout, OneRowCells | None]:
+        """The attention layout of a static-shape forward, sized by the key (the batch size, the cache and
+        ``max_request_rows``), not read from the batch; and the one-row cells where it computes in them."""
+        kv_len = static_kv_length(cache.max_len)
+        if self.batch_invariant:  # whole key blocks, as the eager forward reads them
+            kv_len = invariant_kv_length(kv_len, cache.max_len)
+        # a request's attention is sized for the rows it may have: the batch's bound where it has one
+        # (a verify step: its anchor and the drafted rows the tier has room for), else every row of the batch
+        max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
+        window = static_window_pays(cache.num_slots, int(batch.slot_ids.shape[0]))  # read the cache in place
+        if max_rows == 1 and batch.padding_slot is not None:  # one row per request: no gathers per layer
+            cells = OneRowCells.build(batch.positions, batch.slot_ids, batch.row_offsets, kv_len=kv_len,
+                                      padding_slot=batch.padding_slot,
+                                      window_slots=window_cells(cache.num_slots, batch.padding_slot) if window else None)
+            return cells.layout, cells
+        if window:
+            return RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets, num_slots=cache.num_slots,
+                                           max_rows=max_rows, kv_len=kv_len, padding_slot=batch.padding_slot), None
+        return RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows, kv_len=kv_len), None
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = (),
                 logit_rows: torch.Tensor | None = None, greedy_only: bool = False) -> ForwardOutput:
         """Write every row's K/V at (slot, position), then attend each row to its slot's keys <= its
         position; logits of ``logit_rows`` only when given (see :class:`~dspark_core.models.base.TargetModel`)."""
-        c = self.config
         self.check_hidden_layers(hidden_layers)
         cells = None  # where a static forward computes the rows in one-row cells (row_cells)
         if static_shapes_active():  # graph capture: shapes from the batch size and cache, no host reads
-            kv_len = static_kv_length(cache.max_len)
-            if self.batch_invariant:  # whole key blocks, as the eager forward reads them
-                kv_len = invariant_kv_length(kv_len, cache.max_len)
-            # a request's attention is sized for the rows it may have: the batch's bound where it has one
-            # (a verify step: its anchor and the drafted rows the tier has room for), else every row of the batch
-            max_rows = batch.num_rows if batch.max_request_rows is None else min(batch.num_rows, batch.max_request_rows)
-            window = static_window_pays(cache.num_slots, int(batch.slot_ids.shape[0]))
-            if max_rows == 1 and batch.padding_slot is not None:  # one row per request: no gathers per layer
-                cells = OneRowCells.build(batch.positions, batch.slot_ids, batch.row_offsets, kv_len=kv_len,
-                                          padding_slot=batch.padding_slot,
-                                          window_slots=window_cells(cache.num_slots, batch.padding_slot) if window else None)
-                layout = cells.layout
-            elif window:  # read the cache in place
-                layout = RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets,
-                                                 num_slots=cache.num_slots, max_rows=max_rows, kv_len=kv_len,
-                                                 padding_slot=batch.padding_slot)
-            else:
-                layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows,
-                                         kv_len=kv_len)
+            layout, cells = self._static_layout(batch, cache)
         else:
             layout = RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, slot_window=True,
                                      padding_slot=batch.padding_slot, max_request_rows=batch.max_request_rows)
