@@ -346,6 +346,31 @@ def _generate(engine: Engine, prompts, max_tokens: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("policy", ["none", "fixed", "adaptive"])
+def test_the_forward_cuda_runs_is_exact_on_the_cpu(policy, captured):
+    """The forms a CUDA forward takes (matmul attention, the residual added inside the output products),
+    forced on here, eager and on the captured-backend stand-in (one-row cells, in-place reads): greedy
+    output equals target-only greedy decoding."""
+    from dspark_core.models.attention import set_attention_kernel
+    from dspark_core.models.layers import set_residual_product
+
+    target, draft = tiny_pair(block_size=7)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13], [3]]
+    references = greedy_references(target, prompts, 12)
+    set_attention_kernel("matmul")
+    set_residual_product("fused")
+    try:
+        engine = _tiny_engine(target, draft if policy != "none" else None,
+                              EngineConfig(draft_width=7, policy=policy, request_buckets=(1, 4), max_model_len=97),
+                              captured=captured)
+        outputs = _generate(engine, prompts, 12)
+    finally:
+        set_attention_kernel("auto")
+        set_residual_product("auto")
+    assert outputs == references
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 def test_a_cache_shorter_than_the_widest_step_still_holds_its_padding(captured):
     """16 requests of K + 1 = 8 rows make a 128-row step, more than a 97-position cache: the padding
     rows (scratch slot, all at position 0) fit it. Found by fuzzing when they sat at positions 0, 1, ...:

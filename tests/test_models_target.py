@@ -392,3 +392,31 @@ def test_greedy_tokens_pick_argmax_first_index_under_ties(rows, vocab, levels, s
     wide[0, 1, 7] = wide[0, 1, 40000] = wide.max() + 1  # a tie far apart in a SmolLM2-sized row
     assert torch.equal(greedy_tokens(wide), wide.argmax(dim=-1))
     assert int(greedy_tokens(wide)[0, 1]) == 7
+
+
+def test_the_cuda_residual_product_adds_inside_the_product_with_the_separate_results():
+    """On CUDA a layer's output projections add the residual inside the product (``addmm``): forced on
+    here, the logits match the separate product and add, and a bad name is refused."""
+    from dspark_core.models import layers
+
+    model = random_target(VARIANTS["llama"], seed=9, batch_invariant=False)
+    batch = make_forward_batch([[5, 6, 7, 8, 9], [10, 11]], [0, 0], [0, 1])
+    logits = {}
+    for mode in ("fused", "separate"):
+        layers.set_residual_product(mode)
+        try:
+            logits[mode] = model.forward(batch, model.new_cache(2, 16)).logits
+        finally:
+            layers.set_residual_product("auto")
+    torch.testing.assert_close(logits["fused"], logits["separate"], atol=1e-5, rtol=1e-5)
+    calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "addmm", lambda *a, **k: calls.append(a) or torch.ops.aten.addmm(*a, **k))
+        layers.set_residual_product("fused")
+        try:
+            model.forward(batch, model.new_cache(2, 16))
+        finally:
+            layers.set_residual_product("auto")
+    assert len(calls) == 2 * model.config.num_layers  # attention output and MLP down, every layer
+    with pytest.raises(ValueError, match="residual product 'both': choose one of auto, fused, separate"):
+        layers.set_residual_product("both")

@@ -5,10 +5,11 @@ so each elementwise op of a layer costs 30 kernels of 1-3 us per step however sm
 first H200 profile counted about 1 130 kernels in a target-only step). This script runs the real
 target and the shipped draft in float32 on the CPU through the captured-backend stand-in of the
 tests (`tests/capture_support.py`), in the configuration CUDA runs (no batch-invariant forwards,
-matmul attention for decode-sized row counts, no CPU row padding), and counts the aten ops each key
-runs in a replay, views left out: on a GPU each such op is about one kernel launch. The totals are
-therefore a proxy for a key's launch count that can be compared before and after a change without a
-device; the device profile (`step_profile.py`) gives the real figures.
+matmul attention for decode-sized row counts, the residual added inside the output products, no CPU
+row padding), and counts the aten ops each key runs in a replay, views left out: on a GPU each such
+op is about one kernel launch. The totals are therefore a proxy for a key's launch count that can be
+compared before and after a change without a device; the device profile (`step_profile.py`) gives
+the real figures.
 
     python benchmarks/h200/key_kernels.py --output /tmp/key-kernels.json
 """
@@ -128,6 +129,7 @@ def main() -> int:
     parser.add_argument("--output")
     args = parser.parse_args()
     attention.set_attention_kernel("matmul")  # what CUDA runs at decode sizes
+    layers.set_residual_product("fused")  # CUDA adds the residual inside the output products
     torch.nn.functional.rms_norm = _rms_norm_as_one_kernel  # layers.rms_norm calls it through F
     layers._CPU_MIN_ROWS = 1  # no CPU-only row padding
     target, draft = load_models()

@@ -63,6 +63,8 @@ class TensorParallelLlama(LlamaTarget):
     see the same model as on one rank); ``local`` describes this rank's share.
     """
 
+    _partial_products = True  # each rank's output projections are summed across ranks, then added
+
     def __init__(self) -> None:  # built by :func:`shard_llama`, never directly
         raise TypeError("use shard_llama(target, rank, world_size, group)")
 

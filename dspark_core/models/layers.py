@@ -156,5 +156,36 @@ def _products_rows_invariant(dtype: torch.dtype, piece_rows: int) -> bool:
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, product=linear) -> torch.Tensor:
     """SwiGLU MLP with the gate and up projections fused into one matrix (``product``: the matrix
     product to use, :func:`linear` or :func:`invariant_linear`)."""
+    return product(swiglu_activation(x, gate_up, product), down)
+
+
+def swiglu_activation(x: torch.Tensor, gate_up: torch.Tensor, product=linear) -> torch.Tensor:
+    """The input of a SwiGLU MLP's down projection: ``silu(gate) * up``."""
     gate, up = product(x, gate_up).chunk(2, dim=-1)
-    return product(F.silu(gate) * up, down)
+    return F.silu(gate) * up
+
+
+# Where a product's output joins the residual stream, CUDA can add it inside the product: ``addmm`` is one
+# cuBLAS call whose epilogue adds the residual, where ``residual + linear(x, weight)`` launches a product and
+# then an add. A target layer has two such products (attention output, MLP down): two kernels fewer per
+# layer and step, 60 for SmolLM2. The CPU keeps its packed products (``separate``).
+RESIDUAL_PRODUCTS = ("auto", "fused", "separate")
+_residual_product = "auto"
+
+
+def set_residual_product(name: str) -> None:
+    """Choose how :func:`residual_linear` adds, process-wide: ``auto`` (the default: inside the product on
+    CUDA, after it elsewhere), ``fused`` or ``separate`` everywhere. For tests and benchmarks that run
+    the CUDA form on the CPU."""
+    global _residual_product
+    if name not in RESIDUAL_PRODUCTS:
+        raise ValueError(f"residual product {name!r}: choose one of {', '.join(RESIDUAL_PRODUCTS)}")
+    _residual_product = name
+
+
+def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``residual + x @ weight.T`` for packed rows ``x`` ``[G, in]``: one ``addmm`` where
+    :func:`set_residual_product` says so (CUDA by default), else ``residual + linear(x, weight)``."""
+    if _residual_product == "fused" or (_residual_product == "auto" and x.is_cuda):
+        return torch.addmm(residual, x, weight.t())
+    return residual + linear(x, weight)

@@ -24,7 +24,8 @@ from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.row_cells import OneRowCells, attend_cells
 from dspark_core.models.attention import attend, grouped_mask, invariant_cache_length, invariant_kv_length
 from dspark_core.models.layers import (apply_rope, greedy_tokens, invariant_linear, linear, products_rows_invariant,
-                                      rms_norm, rope_constants, rope_cos_sin, rope_tables_per_head, swiglu)
+                                      residual_linear, rms_norm, rope_constants, rope_cos_sin, rope_tables_per_head,
+                                      swiglu_activation)
 from dspark_core.models.row_layout import RowLayout, static_window_pays, window_cells
 
 
@@ -90,10 +91,10 @@ class LlamaTarget(nn.Module):
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.device = torch.device(device)
-        self._rope_constants = rope_constants(config.head_dim, config.rope_theta, self.device)
         # Batch-invariant forwards: a row's logits do not depend on the batch it is in (see
         # batch_invariant_default for when they are on).
         self.set_batch_invariant(batch_invariant_default(self.device, dtype) if batch_invariant is None else batch_invariant)
+        self._rope_constants = rope_constants(config.head_dim, config.rope_theta, self.device)
         cfg = config
         self.embed = nn.Parameter(_take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size), dtype, device), requires_grad=False)
         self.layers = nn.ModuleList(LlamaLayer(cfg, tensors, i, dtype, device) for i in range(cfg.num_layers))
@@ -173,8 +174,19 @@ class LlamaTarget(nn.Module):
         return apply_rope(q, cos, sin), torch.stack([apply_rope(k, cos, sin), v], dim=1)
 
     def _mlp(self, layer: LlamaLayer, x: torch.Tensor) -> torch.Tensor:
-        return x + self._reduce(swiglu(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, layer.down,
-                                        self._product))
+        activation = swiglu_activation(rms_norm(x, layer.post_norm, self.config.rms_eps), layer.gate_up, self._product)
+        return self._add_product(x, activation, layer.down)
+
+    # a subclass whose products are partial sums to be reduced across ranks (tensor parallelism)
+    _partial_products = False
+
+    def _add_product(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``residual + x @ weight.T`` for a layer's output projections: inside the product where
+        :func:`~dspark_core.models.layers.residual_linear` fuses it, unless the product is batch-invariant
+        or a partial sum that must be reduced before it is added."""
+        if self.batch_invariant or self._partial_products:
+            return residual + self._reduce(self._product(x, weight))
+        return residual_linear(residual, x, weight)
 
     def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head, float32 logits."""
@@ -262,7 +274,7 @@ class LlamaTarget(nn.Module):
                 attended = attend(q, keys, values, layout, mask, self.batch_invariant, bands, folding)
             else:
                 attended = attend_cells(q, keys, values, mask, self.batch_invariant)
-            x = x + self._reduce(self._product(attended, layer.o_proj))
+            x = self._add_product(x, attended, layer.o_proj)
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
                 saved[i + 1] = x
