@@ -55,7 +55,8 @@ def make_accept(width: int):
         # acceptance stops at the first draft the target disagrees with, or past the verified prefix
         stop = (drafts != target_grid[:, :width]) | (drafted >= lengths.unsqueeze(1))
         # the first stop's column, or K when every draft is accepted: a min over [B, K], no running product
-        accepted = torch.where(stop, drafted, width).amin(dim=1)
+        # (K = 0, target-only decoding: nothing to accept, and nothing to take a min over)
+        accepted = torch.where(stop, drafted, width).amin(dim=1) if width else lengths.new_zeros(drafts.shape[0])
         committed = torch.where(column <= accepted.unsqueeze(1), target_grid, 0)
         return Acceptance(accepted, committed)
 

@@ -346,6 +346,17 @@ def _generate(engine: Engine, prompts, max_tokens: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_an_engine_without_drafted_tokens_decodes_target_only(captured):
+    """``--num_speculative_tokens=0`` without a draft: every step verifies its anchor alone (the accept
+    kernel has no drafted column to take a minimum over)."""
+    target, _ = tiny_pair()
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    engine = _tiny_engine(target, None, EngineConfig(draft_width=0, policy="none", request_buckets=(1, 2),
+                                                      max_model_len=97), captured=captured)
+    assert _generate(engine, prompts, 9) == greedy_references(target, prompts, 9)
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("policy", ["none", "fixed", "adaptive"])
 def test_the_forward_cuda_runs_is_exact_on_the_cpu(policy, captured):
     """The forms a CUDA forward takes (matmul attention, the residual added inside the output products),

@@ -13,7 +13,7 @@ from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
 from dspark_core.models.attention import (_default_attention, attend, block_attention, folded_attention, grouped_mask,
                                          set_attention_kernel)
-from dspark_core.models.layers import apply_rope, greedy_tokens, rope_constants, rope_cos_sin, rope_tables_per_head
+from dspark_core.models.layers import apply_rope, apply_rope_, greedy_tokens, rope_constants, rope_cos_sin
 from dspark_core.models.row_layout import RowLayout
 from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.random_models import random_target, tiny_target_config
@@ -67,17 +67,20 @@ def test_rope_tables_from_a_model_s_constants_are_the_tables_built_from_scratch(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_per_head_rope_tables_rotate_queries_and_keys_and_keep_values_bit_for_bit(dtype):
-    """One rotary pass over a fused projection's heads (the target's): the rotated heads get the bits
-    of the shared tables, the kept (value) heads come back unchanged, -0.0 aside."""
+def test_in_place_rope_on_a_fused_projection_gives_the_bits_and_keeps_the_value_heads(dtype):
+    """The target rotates the query and key heads of its fused projection's output in place: the bits
+    apply_rope gives, and the value heads beside them untouched."""
     generator = torch.Generator().manual_seed(1)
     positions = torch.arange(0, 3000, 11)
-    x = torch.randn(positions.shape[0], 9 + 2 * 3, 64, generator=generator).to(dtype)
-    x[0, -1, :4] = torch.tensor([0.0, 1e-30, -1e30, 65504.0]).to(dtype)
-    cos, sin = rope_cos_sin(positions, 64, 10000.0, dtype)
-    out = apply_rope(x, *rope_tables_per_head(cos, sin, 12, 3))
-    assert torch.equal(out[:, :12], apply_rope(x[:, :12], cos, sin))
-    assert torch.equal(out[:, 12:], x[:, 12:])
+    n, heads, kv_heads, head_dim = positions.shape[0], 9, 3, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+    before = qkv.clone()
+    cos, sin = rope_cos_sin(positions, head_dim, 10000.0, dtype)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(n, heads + kv_heads, head_dim)
+    assert apply_rope_(qk, cos, sin) is qk
+    expected = apply_rope(before[:, : (heads + kv_heads) * head_dim].view(n, heads + kv_heads, head_dim), cos, sin)
+    assert torch.equal(qk, expected)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], before[:, (heads + kv_heads) * head_dim :])
 
 
 def test_one_indexed_write_stores_keys_and_values_as_two_writes_do():
@@ -395,23 +398,27 @@ def test_greedy_tokens_pick_argmax_first_index_under_ties(rows, vocab, levels, s
 
 
 def test_the_cuda_residual_product_adds_inside_the_product_with_the_separate_results():
-    """On CUDA a layer's output projections add the residual inside the product (``addmm``): forced on
-    here, the logits match the separate product and add, and a bad name is refused."""
+    """On CUDA a layer's output projections add into the residual inside the product (an in-place
+    ``addmm_``, one kernel): forced on here, the logits match the separate product and add, and a bad
+    name is refused."""
     from dspark_core.models import layers
 
     model = random_target(VARIANTS["llama"], seed=9, batch_invariant=False)
     batch = make_forward_batch([[5, 6, 7, 8, 9], [10, 11]], [0, 0], [0, 1])
-    logits = {}
+    outputs = {}
     for mode in ("fused", "separate"):
         layers.set_residual_product(mode)
         try:
-            logits[mode] = model.forward(batch, model.new_cache(2, 16)).logits
+            outputs[mode] = model.forward(batch, model.new_cache(2, 16), hidden_layers=(0, 1, 2))
         finally:
             layers.set_residual_product("auto")
-    torch.testing.assert_close(logits["fused"], logits["separate"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs["fused"].logits, outputs["separate"].logits, atol=1e-5, rtol=1e-5)
+    # the saved hidden states are the residual stream after their layer, not after the last one
+    torch.testing.assert_close(outputs["fused"].hidden, outputs["separate"].hidden, atol=1e-5, rtol=1e-5)
     calls = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch, "addmm", lambda *a, **k: calls.append(a) or torch.ops.aten.addmm(*a, **k))
+        addmm_ = torch.Tensor.addmm_
+        patch.setattr(torch.Tensor, "addmm_", lambda self, *a, **k: calls.append(self) or addmm_(self, *a, **k))
         layers.set_residual_product("fused")
         try:
             model.forward(batch, model.new_cache(2, 16))

@@ -85,7 +85,8 @@ class KVCache:
 
     def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions ``0..length-1`` for each slot: ``[B, kv_heads, length, head_dim]``."""
-        return self.keys[layer][slot_ids, :, :length], self.values[layer][slot_ids, :, :length]
+        both = self.kv[layer][:, slot_ids, :, :length]  # one gather for keys and values: [2, B, ...]
+        return both[0], both[1]
 
     def window(self, layer: int, first_slot: int, num_slots: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views (no copy) of positions ``0..length-1`` of slots ``first_slot .. first_slot+num_slots-1``."""

@@ -58,27 +58,19 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ([N, heads, head_dim]) by per-row angles (rotate-half layout), with the tables of
-    :func:`rope_cos_sin` (``[N, head_dim]``, every head alike) or of :func:`rope_tables_per_head`
-    (``[N, heads, head_dim]``): ``x * cos + roll(x, half) * signed_sin``. Bit-identical to the textbook
+    :func:`rope_cos_sin`: ``x * cos + roll(x, half) * signed_sin``. Bit-identical to the textbook
     ``x * cos + cat(-x2, x1) * sin`` (a product's sign is exact), in one device kernel fewer per call:
     the roll replaces the negation and the concatenation (every layer of every step pays for it)."""
-    if cos.dim() == 2:
-        cos, signed_sin = cos[:, None, :], signed_sin[:, None, :]
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * signed_sin[:, None, :]
 
 
-def rope_tables_per_head(cos: torch.Tensor, signed_sin: torch.Tensor, rotated_heads: int,
-                         kept_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tables ``[N, rotated_heads + kept_heads, head_dim]`` that rotate the first ``rotated_heads`` heads
-    as :func:`rope_cos_sin`'s do and give the last ``kept_heads`` back unchanged (cosine 1, sine 0:
-    ``x * 1 + roll(x) * 0`` is ``x`` for every finite ``x``). One rotary pass over a fused projection's
-    query, key and value heads then leaves the keys and values side by side in one tensor, which the
-    KV cache stores with one indexed write (:meth:`~dspark_core.models.kv_cache.KVCache.write_rows`).
-    Build them once per forward."""
-    rows, head_dim = cos.shape
-    shape = (rows, rotated_heads, head_dim)
-    return (torch.cat([cos[:, None, :].expand(shape), cos.new_ones(rows, kept_heads, head_dim)], dim=1),
-            torch.cat([signed_sin[:, None, :].expand(shape), signed_sin.new_zeros(rows, kept_heads, head_dim)], dim=1))
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` in place, on ``x`` ``[N, heads, head_dim]`` (a view may do, such as the query
+    and key heads of a fused projection's output, which then keeps its value heads beside the keys
+    untouched): the same ops in the same order, so the same bits, with one copy (the roll) instead of
+    a result tensor. Returns ``x``."""
+    rolled = x.roll(x.shape[-1] // 2, -1)
+    return x.mul_(cos[:, None, :]).add_(rolled.mul_(signed_sin[:, None, :]))
 
 
 # Fewer rows than this take a slower kernel on the CPU, so 1-3 rows are padded up to it. Packed
@@ -165,8 +157,8 @@ def swiglu_activation(x: torch.Tensor, gate_up: torch.Tensor, product=linear) ->
     return F.silu(gate) * up
 
 
-# Where a product's output joins the residual stream, CUDA can add it inside the product: ``addmm`` is one
-# cuBLAS call whose epilogue adds the residual, where ``residual + linear(x, weight)`` launches a product and
+# Where a product's output joins the residual stream, CUDA can add it inside the product: an in-place
+# ``addmm_`` is one cuBLAS call (beta = 1) that adds the product into the residual, where ``residual + linear(x, weight)`` launches a product and
 # then an add. A target layer has two such products (attention output, MLP down): two kernels fewer per
 # layer and step, 60 for SmolLM2. The CPU keeps its packed products (``separate``).
 RESIDUAL_PRODUCTS = ("auto", "fused", "separate")
@@ -184,8 +176,10 @@ def set_residual_product(name: str) -> None:
 
 
 def residual_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``residual + x @ weight.T`` for packed rows ``x`` ``[G, in]``: one ``addmm`` where
-    :func:`set_residual_product` says so (CUDA by default), else ``residual + linear(x, weight)``."""
+    """``residual + x @ weight.T`` for packed rows ``x`` ``[G, in]``: where :func:`set_residual_product`
+    says so (CUDA by default), added into ``residual`` in place by one ``addmm_`` (the caller owns
+    ``residual``: an out-of-place ``addmm`` copies its input into the result first, a kernel of its
+    own), else ``residual + linear(x, weight)`` as a new tensor."""
     if _residual_product == "fused" or (_residual_product == "auto" and x.is_cuda):
-        return torch.addmm(residual, x, weight.t())
+        return residual.addmm_(x, weight.t())
     return residual + linear(x, weight)

@@ -23,8 +23,8 @@ from dspark_core.models.kv_cache import KVCache
 from dspark_core.models.row_bands import plan_bands
 from dspark_core.models.row_cells import OneRowCells, attend_cells
 from dspark_core.models.attention import attend, grouped_mask, invariant_cache_length, invariant_kv_length
-from dspark_core.models.layers import (apply_rope, greedy_tokens, invariant_linear, linear, products_rows_invariant,
-                                      residual_linear, rms_norm, rope_constants, rope_cos_sin, rope_tables_per_head,
+from dspark_core.models.layers import (apply_rope, apply_rope_, greedy_tokens, invariant_linear, linear, products_rows_invariant,
+                                      residual_linear, rms_norm, rope_constants, rope_cos_sin,
                                       swiglu_activation)
 from dspark_core.models.row_layout import RowLayout, static_window_pays, window_cells
 
@@ -150,11 +150,8 @@ class LlamaTarget(nn.Module):
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary tables :meth:`_qkv` takes for rows at ``positions``; build them once per forward."""
-        c, heads = self.config, self.head_config
-        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, self.dtype, self._rope_constants)
-        if self.layers[0].q_norm is not None:  # query and key heads are normed apart: tables shared by heads
-            return cos, sin
-        return rope_tables_per_head(cos, sin, heads.num_heads + heads.num_kv_heads, heads.num_kv_heads)
+        c = self.config
+        return rope_cos_sin(positions, c.head_dim, c.rope_theta, self.dtype, self._rope_constants)
 
     def _qkv(self, layer: LlamaLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated queries ``[N, heads, d]`` and each row's keys and values ``[N, 2, kv_heads, d]`` (the
@@ -164,10 +161,10 @@ class LlamaTarget(nn.Module):
         qkv = self._product(rms_norm(x, layer.input_norm, c.rms_eps), layer.qkv, layer.qkv_bias)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         if layer.q_norm is None:
-            # one rotary pass over every head (values unrotated): 4 ops a layer, not 8, and the keys and
-            # values come out side by side for the cache's one write
-            rotated = apply_rope(qkv.view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim), cos, sin)
-            return rotated[:, : c.num_heads], rotated[:, c.num_heads :].view(n, 2, c.num_kv_heads, c.head_dim)
+            # one rotary pass over the query and key heads together (4 ops a layer, not 8), in place in the
+            # projection's output: its key and value heads stay side by side for the cache's one write
+            apply_rope_(qkv[:, : q_size + kv_size].view(n, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+            return qkv[:, :q_size].view(n, c.num_heads, c.head_dim), qkv[:, q_size:].view(n, 2, c.num_kv_heads, c.head_dim)
         q = rms_norm(qkv[:, :q_size].view(n, c.num_heads, c.head_dim), layer.q_norm, c.rms_eps)
         k = rms_norm(qkv[:, q_size : q_size + kv_size].view(n, c.num_kv_heads, c.head_dim), layer.k_norm, c.rms_eps)
         v = qkv[:, q_size + kv_size :].view(n, c.num_kv_heads, c.head_dim)
@@ -181,9 +178,9 @@ class LlamaTarget(nn.Module):
     _partial_products = False
 
     def _add_product(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """``residual + x @ weight.T`` for a layer's output projections: inside the product where
-        :func:`~dspark_core.models.layers.residual_linear` fuses it, unless the product is batch-invariant
-        or a partial sum that must be reduced before it is added."""
+        """``residual + x @ weight.T`` for a layer's output projections: added into ``residual`` in place,
+        inside the product, where :func:`~dspark_core.models.layers.residual_linear` fuses it, unless the
+        product is batch-invariant or a partial sum that must be reduced before it is added."""
         if self.batch_invariant or self._partial_products:
             return residual + self._reduce(self._product(x, weight))
         return residual_linear(residual, x, weight)
@@ -264,7 +261,8 @@ class LlamaTarget(nn.Module):
                                                                                     cells.positions)
         cos, sin = self.rope_tables(positions)
         x = self.embed[tokens]
-        saved = {0: x} if 0 in hidden_layers else {}
+        # (copies: the residual products may add into x in place)
+        saved = {0: x.clone()} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
             q, kv_rows = self._qkv(layer, x, cos, sin)
             # Write first, then read: the rows see their own and earlier rows' keys.
@@ -277,7 +275,7 @@ class LlamaTarget(nn.Module):
             x = self._add_product(x, attended, layer.o_proj)
             x = self._mlp(layer, x)
             if i + 1 in hidden_layers:
-                saved[i + 1] = x
+                saved[i + 1] = x.clone()
         hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         if cells is not None:  # the packed rows' results, from their cells
             x = x[cells.cell_of_row]
