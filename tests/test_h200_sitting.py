@@ -105,7 +105,8 @@ def test_host_overhead_times_the_step_outside_the_keys_and_counts_its_launches(t
 def test_key_kernels_counts_each_replayed_key_as_cuda_would_launch_it(tmp_path):
     """SmolLM2 target-only at one request: one verify key whose count leaves out views, counts each
     of the 61 RMSNorms (two per layer and the final one) as one fused kernel, and holds SmolLM2's
-    121 matrix products (four per layer and the LM head)."""
+    121 matrix products (four per layer and the LM head; the attention output and MLP down products
+    add into the residual in place, one ``addmm_`` each, as CUDA runs them)."""
     out = tmp_path / "kernels.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "h200" / "key_kernels.py"), "--runs", "none:1",
                            "--steps", "1", "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -117,4 +118,4 @@ def test_key_kernels_counts_each_replayed_key_as_cuda_would_launch_it(tmp_path):
     assert top["_fused_rms_norm"] == 61 and "pow" not in top and "rsqrt" not in top
     assert not {"view", "slice", "expand", "transpose"} & set(top)
     products = sum(top.get(op, 0) for op in ("_linear_pointwise", "mm", "addmm"))  # oneDNN's packed path or not
-    assert products == 121 and 500 < key["kernels"] < 1500
+    assert products + top.get("addmm_", 0) == 121 and top.get("addmm_", 0) == 60 and 500 < key["kernels"] < 1500
