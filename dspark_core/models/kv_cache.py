@@ -3,8 +3,9 @@
 Layout per layer: ``[2, num_slots, kv_heads, max_len, head_dim]`` (keys, then
 values) so that the keys a request attends to (``keys[slot, :, :L]``) are
 already in the ``[heads, keys, head_dim]`` order attention wants, and one
-indexed write stores a row's keys and values together (:meth:`KVCache.write_rows`). The cache stores no lengths:
-the caller (engine/scheduler) owns each request's committed length. Rows a
+indexed write stores a row's keys and values together
+(:meth:`KVCache.write_rows`). The cache stores no lengths: the caller
+(engine/scheduler) owns each request's committed length. Rows a
 speculative step wrote beyond the committed length are simply overwritten by
 the next forward, which always starts writing at the committed length.
 """
