@@ -141,15 +141,21 @@ class RecordingApi:
         return GraphApi(RecordingGraph, graph_ctx, Stream, lambda s: Ctx(), lambda: Stream(),
                         pool_handle if self.handles is not None else None)
 
+    def backend(self) -> CapturedGraphBackend:
+        """A captured backend on this API (a new one per call, as each engine builds its own)."""
+        recording = self
+
+        class Backend(CapturedGraphBackend):
+            def _graph_api(self):
+                return recording.api()
+
+        return Backend("cpu")
+
 
 def test_captured_backend_captures_once_per_key_and_replays_static_buffers():
     recording = RecordingApi()
 
-    class Backend(CapturedGraphBackend):
-        def _graph_api(self):
-            return recording.api()
-
-    backend = Backend("cpu")
+    backend = recording.backend()
     key = BindingKey(5, 1, 3, "float32", "cpu")
     out = torch.zeros(3)
 
@@ -174,10 +180,6 @@ def test_captured_backend_records_each_key_family_into_one_shared_pool():
     and a verify replay never overwrites the proposal it verifies. Every backend makes its own pools."""
     recording = RecordingApi(pools=True)
 
-    class Backend(CapturedGraphBackend):
-        def _graph_api(self):
-            return recording.api()
-
     def fn(x):
         return (x * 2,)
 
@@ -188,7 +190,7 @@ def test_captured_backend_records_each_key_family_into_one_shared_pool():
         order += [BindingKey(5, bucket, rows, "float32", "cpu", stage=stage, kv_span=span)
                   for rows, stage in ((bucket, "verify"), (bucket, "verify+context"), (bucket + 4, "verify"))
                   for span in (0, 64)]
-    backend = Backend("cpu")
+    backend = recording.backend()
     for key in order:
         backend.prepare(key, fn, {"x": torch.ones(2)})
     assert backend.counters.captures == len(order) and len(recording.handles) == 2
@@ -196,18 +198,14 @@ def test_captured_backend_records_each_key_family_into_one_shared_pool():
     for key, pool in zip(order, recording.pools, strict=True):
         assert pool is (verifies if key.stage.startswith("verify") else proposals), key.describe()
     # an engine built later captures into pools of its own
-    Backend("cpu").prepare(order[0], fn, {"x": torch.ones(2)})
+    recording.backend().prepare(order[0], fn, {"x": torch.ones(2)})
     assert len(recording.handles) == 3 and recording.pools[-1] is recording.handles[2]
 
 
 def test_graph_apis_without_pool_handles_keep_a_private_pool_per_capture():
     recording = RecordingApi()
 
-    class Backend(CapturedGraphBackend):
-        def _graph_api(self):
-            return recording.api()
-
-    backend = Backend("cpu")
+    backend = recording.backend()
     for stage in ("propose", "verify"):
         backend.prepare(BindingKey(5, 1, 1, "float32", "cpu", stage=stage), lambda x: (x + 1,), {"x": torch.ones(1)})
     assert recording.pools == [None, None]  # no pool argument at all

@@ -23,7 +23,7 @@ import torch
 from attrs import frozen
 
 from dspark_core.models.attention import attention_of_folded
-from dspark_core.models.row_layout import RowLayout
+from dspark_core.models.row_layout import RowLayout, rows_of_cells
 
 
 @frozen
@@ -56,14 +56,8 @@ class OneRowCells:
         else:
             cells = window_slots
             slot_of_row = torch.repeat_interleave(slot_ids, row_offsets[1:] - row_offsets[:-1], output_size=rows)
-            in_window = slot_of_row < cells
-            # rows outside the window (the padding slot's) scatter into one sink cell past the end, cut off
-            target = torch.where(in_window, slot_of_row, cells)
-            row_of_cell = torch.zeros(cells + 1, dtype=torch.long, device=device)
-            row_of_cell[target] = torch.arange(rows, device=device)
-            holds = torch.zeros(cells + 1, dtype=torch.bool, device=device)
-            holds[target] = True
-            row_of_cell, holds_row = row_of_cell[:cells], holds[:cells]
+            in_window = slot_of_row < cells  # rows outside the window (the padding slot's) go nowhere
+            row_of_cell, holds_row = rows_of_cells(slot_of_row, in_window, cells)
             slot_of_cell = torch.arange(cells, device=device)
             cell_of_row = torch.where(in_window, slot_of_row, 0)
         cell_positions = torch.where(holds_row, positions[row_of_cell], 0)

@@ -29,6 +29,18 @@ def window_cells(num_slots: int, padding_slot: int | None) -> int:
     return num_slots - 1 if padding_slot == num_slots - 1 else num_slots
 
 
+def rows_of_cells(cell_of_row: torch.Tensor, placed: torch.Tensor, cells: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of ``cells`` cells' row (0 where it holds none) and whether it holds one, for rows in cells
+    ``cell_of_row`` where ``placed`` (the others go nowhere), without a host read: unplaced rows write
+    into one sink cell past the end, which is then cut off. Where rows share a cell, any of them wins."""
+    target = torch.where(placed, cell_of_row, cells)
+    row_of_cell = torch.zeros(cells + 1, dtype=torch.long, device=cell_of_row.device)
+    row_of_cell[target] = torch.arange(cell_of_row.shape[0], device=cell_of_row.device)
+    holds = torch.zeros(cells + 1, dtype=torch.bool, device=cell_of_row.device)
+    holds[target] = True
+    return row_of_cell[:cells], holds[:cells]
+
+
 def _slot_window(counts: list[int], slots: list[int], padding_slot: int | None) -> tuple[int, int, list[int]] | None:
     """``(first slot, width, live requests)`` of the slot window of a batch (host lists), or None
     when the live requests' slots repeat or are spread too thinly for reading in place to pay."""
@@ -124,19 +136,14 @@ class RowLayout:
         ``max_rows``, its later rows reading back one of those, and rows on a slot past the window (the
         padding slot's) read back cell 0. Slots must be distinct between requests that have rows (the
         scratch slot's empty entries have none)."""
-        rows, device = positions.shape[0], positions.device
         slots = window_cells(num_slots, padding_slot)
         slot_of_row, _, step_of_row = _row_coordinates(positions, slot_ids, row_offsets,
                                                        row_offsets[1:] - row_offsets[:-1], max_rows)
         in_window = slot_of_row < slots
-        # rows past the window scatter into one sink cell past the end, then cut off; several rows share
-        # a cell only past the padding request's bound: any of them will do
-        cell = torch.where(in_window, slot_of_row * max_rows + step_of_row, slots * max_rows)
-        pad_index = torch.zeros(slots * max_rows + 1, dtype=torch.long, device=device)
-        pad_index[cell] = torch.arange(rows, device=device)
-        valid = torch.zeros(slots * max_rows + 1, dtype=torch.bool, device=device)
-        valid[cell] = True
-        pad_index, valid = pad_index[:-1].view(slots, max_rows), valid[:-1].view(slots, max_rows)
+        # (several rows share a cell only past the padding request's bound: any of them will do)
+        cell = slot_of_row * max_rows + step_of_row
+        pad_index, valid = rows_of_cells(cell, in_window, slots * max_rows)
+        pad_index, valid = pad_index.view(slots, max_rows), valid.view(slots, max_rows)
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
         return cls(pad_index, valid, slot_of_row, query_positions, kv_len, torch.where(in_window, cell, 0), 0)
 
