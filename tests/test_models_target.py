@@ -280,12 +280,22 @@ def test_a_bound_on_request_rows_sizes_static_attention_and_keeps_live_rows(monk
     layouts = []
     build = RowLayout.build
     monkeypatch.setattr(RowLayout, "build", classmethod(lambda cls, *a, **k: layouts.append(build(*a, **k)) or layouts[-1]))
+    reads = []
+    read = type(cache).read
+    monkeypatch.setattr(type(cache), "read", lambda self, layer, slots, length: reads.append(slots.tolist()) or read(self, layer, slots, length))
     with static_shapes():
         whole = model.forward(batch, cache).logits
         bounded = model.forward(attrs.evolve(batch, max_request_rows=4), cache).logits
-    assert [tuple(layout.pad_index.shape) for layout in layouts] == [(3, 14), (3, 4)]
+        # the padding request is last: left out of attention, its keys are not gathered
+        last = model.forward(attrs.evolve(batch, max_request_rows=4, padding_last=True), cache).logits
+    assert [tuple(layout.pad_index.shape) for layout in layouts] == [(3, 14), (3, 4), (2, 4)]
+    layers = model.config.num_layers
+    assert reads == [[0, 1, 3]] * (2 * layers) + [[0, 1]] * layers
     torch.testing.assert_close(bounded[:5], whole[:5])
-    assert torch.isfinite(bounded).all()
+    torch.testing.assert_close(last[:5], whole[:5])
+    assert torch.isfinite(bounded).all() and torch.isfinite(last).all()
+    with pytest.raises(ModelError, match="padding_last=True needs the padding_slot"):
+        attrs.evolve(batch, padding_slot=None, padding_last=True)
     with pytest.raises(ModelError, match=r"request 0 \(slot 0\) has 3 rows, more than the batch's max_request_rows 2"):
         model.forward(attrs.evolve(batch, max_request_rows=2), cache)
 

@@ -40,6 +40,7 @@ def test_one_row_cells_give_live_rows_their_eager_results_and_touch_no_other_slo
     live = data.draw(st.integers(1, SLOTS - 1), label="live requests")
     empty = data.draw(st.integers(0, 2), label="empty entries")
     padding_rows = data.draw(st.integers(0, 3), label="padding rows")
+    padding_last = data.draw(st.booleans(), label="padding request left out")
     contexts = [data.draw(st.lists(st.integers(0, 96), min_size=1, max_size=9), label=f"context{s}") for s in range(SLOTS - 1)]
     cache = model.new_cache(SLOTS, 24)
     model.forward(make_forward_batch(contexts, [0] * (SLOTS - 1), list(range(SLOTS - 1))), cache)
@@ -50,7 +51,7 @@ def test_one_row_cells_give_live_rows_their_eager_results_and_touch_no_other_slo
     slot_ids = slots + [SLOTS - 1] * (empty + 1)
     offsets = list(range(live + 1)) + [live] * empty + [live + padding_rows]
     batch = ForwardBatch(torch.tensor(tokens), torch.tensor(positions), torch.tensor(slot_ids), torch.tensor(offsets),
-                         padding_slot=SLOTS - 1, max_request_rows=1)
+                         padding_slot=SLOTS - 1, max_request_rows=1, padding_last=padding_last)
     before = cache.kv.clone()
     eager = model.forward(make_forward_batch([[t] for t in tokens[:live]], positions[:live], slots), cache, hidden_layers=(1,))
     eager_kv = cache.kv.clone()
@@ -64,7 +65,8 @@ def test_one_row_cells_give_live_rows_their_eager_results_and_touch_no_other_slo
             static = model.forward(batch, cache, hidden_layers=(1,))
     cells = built[0]
     assert cells.layout.first_slot == (0 if in_place else None)
-    assert cells.row_of_cell.shape[0] == (SLOTS - 1 if in_place else len(slot_ids))  # no cell for the scratch slot
+    # no cell for the scratch slot, nor, when the batch says it is last, for the padding request
+    assert cells.row_of_cell.shape[0] == (SLOTS - 1 if in_place else len(slot_ids) - padding_last)
     # (other forwards differ in the last bits between batch shapes; a wrong cell would differ by far more)
     compare = torch.equal if model.batch_invariant else (
         lambda a, b: torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4) is None)
@@ -95,3 +97,16 @@ def test_cells_of_gathered_keys_are_the_requests():
     assert cells.layout.slot_of_row.tolist() == [5, 1, 9, 9]
     assert cells.positions.tolist() == [7, 4, 0, 0]
     assert cells.cell_of_row.tolist() == [0, 1, 3, 3]
+
+
+def test_gathered_cells_leave_out_a_padding_request_the_batch_puts_last():
+    """With ``padding_last`` the padding request gets no cell: one request of a bucket of one is one cell,
+    whose keys alone are gathered, and the padding rows read back the cell before."""
+    cells = OneRowCells.build(torch.tensor([7, 4, 0, 0]), torch.tensor([5, 1, 9, 9]), torch.tensor([0, 1, 2, 2, 4]),
+                              kv_len=8, padding_slot=9, window_slots=None, padding_last=True)
+    assert cells.row_of_cell.tolist() == [0, 1, 0]
+    assert cells.layout.slot_of_row.tolist() == [5, 1, 9]
+    assert cells.cell_of_row.tolist() == [0, 1, 2, 2]
+    one = OneRowCells.build(torch.tensor([3, 0]), torch.tensor([4, 9]), torch.tensor([0, 1, 2]), kv_len=8, padding_slot=9,
+                            window_slots=None, padding_last=True)
+    assert one.row_of_cell.tolist() == [0] and one.cell_of_row.tolist() == [0, 0]

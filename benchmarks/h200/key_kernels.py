@@ -99,9 +99,13 @@ class CountingReplays(StandInCapturedBackend):
         return outputs
 
 
-def count(policy: str, concurrency: int, steps: int, width: int, target, draft) -> dict:
+def count(policy: str, concurrency: int, steps: int, width: int, target, draft,
+          buckets: tuple[int, ...] | None = None) -> dict:
+    """One engine's keys for ``policy`` at ``concurrency`` requests; ``buckets`` (default: the
+    concurrency alone) as ``serve`` and ``bench`` build them, whose cache has a slot per largest-bucket
+    entry, so smaller buckets gather their keys instead of reading the cache in place."""
     graphs = CountingReplays("cpu")
-    buckets = (concurrency,)
+    buckets = (concurrency,) if buckets is None else buckets
     engine = Engine(target, draft if policy != "none" else None,
                     EngineConfig(draft_width=width, policy=policy, request_buckets=buckets, max_model_len=1024,
                                  schedule_overlap=False),
@@ -126,8 +130,11 @@ def main() -> int:
                         help="policy:concurrency pairs")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--width", type=int, default=7)
+    parser.add_argument("--buckets", help="request buckets of every engine, e.g. 1,2,4,8,16 as serve builds them "
+                                          "(default: each run's concurrency alone)")
     parser.add_argument("--output")
     args = parser.parse_args()
+    buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
     attention.set_attention_kernel("matmul")  # what CUDA runs at decode sizes
     layers.set_residual_product("fused")  # CUDA adds the residual inside the output products
     torch.nn.functional.rms_norm = _rms_norm_as_one_kernel  # layers.rms_norm calls it through F
@@ -137,7 +144,7 @@ def main() -> int:
     results = []
     for pair in args.runs.split(","):
         policy, concurrency = pair.split(":")
-        result = count(policy, int(concurrency), args.steps, args.width, target, draft)
+        result = count(policy, int(concurrency), args.steps, args.width, target, draft, buckets)
         results.append(result)
         for name, entry in result["keys"].items():
             print(f"{policy:9s} c{concurrency:<3s} {name:55s} {entry['kernels']:5d} kernels  top {entry['top']}")

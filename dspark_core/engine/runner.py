@@ -339,10 +339,12 @@ class ModelRunner:
         # one more request, on the scratch slot, holds the tier's padding rows. A live request has its
         # anchor and at most min(K, G - B) drafted rows, so a captured forward sizes attention for that
         # many rows per request instead of the tier's G (16 requests at full width: 16 times fewer
-        # scores; target-only at 16 requests: one row each, not 16)
+        # scores; target-only at 16 requests: one row each, not 16). Nothing reads the padding request's
+        # results, so a captured forward leaves it out of attention (padding_last)
         batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, self._scratch_slot_id]),
                              torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
-                             padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1)
+                             padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1,
+                             padding_last=True)
         out = self.forward(batch, greedy_only=True)
         grid = gather_target_tokens(_greedy(out), packed.row_offsets, self.draft_width)
         acceptance = self.kernels.accept(drafts, lengths, grid)

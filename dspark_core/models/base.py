@@ -68,6 +68,12 @@ class ForwardBatch:
     forward cannot read the row counts, so without it a request's attention is
     sized for all ``G`` rows; with it, for the bound, and the padding request's
     rows past the bound share its last attended row's result.
+
+    ``padding_last`` says that the last request is the padding request (on
+    ``padding_slot``, holding only the tier's padding rows). A static-shape
+    forward then leaves it out of attention altogether, since it cannot read
+    that the request's results are unused: its rows read back another row's
+    result, and at one live request the keys of one slot are gathered, not two.
     """
 
     tokens: torch.Tensor  # int64 [G]
@@ -76,6 +82,11 @@ class ForwardBatch:
     row_offsets: torch.Tensor  # int64 [B + 1]
     padding_slot: int | None = None
     max_request_rows: int | None = None
+    padding_last: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.padding_last and self.padding_slot is None:
+            raise ModelError("a forward batch with padding_last=True needs the padding_slot its last request is on")
 
     @property
     def num_rows(self) -> int:
@@ -84,7 +95,7 @@ class ForwardBatch:
     def to(self, device: torch.device | str) -> ForwardBatch:
         """The same batch with every tensor on ``device``."""
         return ForwardBatch(self.tokens.to(device), self.positions.to(device), self.slot_ids.to(device),
-                            self.row_offsets.to(device), self.padding_slot, self.max_request_rows)
+                            self.row_offsets.to(device), self.padding_slot, self.max_request_rows, self.padding_last)
 
 
 def make_forward_batch(

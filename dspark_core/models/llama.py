@@ -226,12 +226,14 @@ class LlamaTarget(nn.Module):
         if max_rows == 1 and batch.padding_slot is not None:  # one row per request: no gathers per layer
             cells = OneRowCells.build(batch.positions, batch.slot_ids, batch.row_offsets, kv_len=kv_len,
                                       padding_slot=batch.padding_slot,
-                                      window_slots=window_cells(cache.num_slots, batch.padding_slot) if window else None)
+                                      window_slots=window_cells(cache.num_slots, batch.padding_slot) if window else None,
+                                      padding_last=batch.padding_last)
             return cells.layout, cells
         if window:
             return RowLayout.static_window(batch.positions, batch.slot_ids, batch.row_offsets, num_slots=cache.num_slots,
                                            max_rows=max_rows, kv_len=kv_len, padding_slot=batch.padding_slot), None
-        return RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows, kv_len=kv_len), None
+        return RowLayout.build(batch.positions, batch.slot_ids, batch.row_offsets, max_rows=max_rows, kv_len=kv_len,
+                               padding_last=batch.padding_last), None
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, cache: KVCache, hidden_layers: tuple[int, ...] = (),

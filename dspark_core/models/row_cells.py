@@ -37,22 +37,26 @@ class OneRowCells:
 
     @classmethod
     def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *, kv_len: int,
-              padding_slot: int, window_slots: int | None) -> OneRowCells:
+              padding_slot: int, window_slots: int | None, padding_last: bool = False) -> OneRowCells:
         """Cells of a batch whose requests have at most one row each, except a padding request on
         ``padding_slot`` whose rows' results are never read.
 
         ``window_slots``: the cells are cache slots ``0 .. window_slots - 1`` and attention reads the
         cache in place (a request's row sits in its slot's cell; rows on other slots, the padding
         ones, read back cell 0). None: the cells are the batch's requests, whose keys are gathered,
-        and a request with several rows (the padding one) computes its first."""
+        and a request with several rows (the padding one) computes its first; with ``padding_last``
+        the last request (the padding one) gets no cell and its rows read back the cell before."""
         rows, device = positions.shape[0], positions.device
         if window_slots is None:
             counts = row_offsets[1:] - row_offsets[:-1]
-            cells = counts.shape[0]
-            holds_row = counts > 0
-            row_of_cell = torch.where(holds_row, row_offsets[:-1], 0)
-            slot_of_cell = slot_ids
-            cell_of_row = torch.repeat_interleave(torch.arange(cells, device=device), counts, output_size=rows)
+            cells = counts.shape[0] - int(padding_last)
+            holds_row = counts[:cells] > 0
+            row_of_cell = torch.where(holds_row, row_offsets[:cells], 0)
+            slot_of_cell = slot_ids[:cells]
+            cell_of_request = torch.arange(counts.shape[0], device=device)
+            if padding_last:
+                cell_of_request.clamp_(max=cells - 1)
+            cell_of_row = torch.repeat_interleave(cell_of_request, counts, output_size=rows)
         else:
             cells = window_slots
             slot_of_row = torch.repeat_interleave(slot_ids, row_offsets[1:] - row_offsets[:-1], output_size=rows)

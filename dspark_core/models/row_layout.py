@@ -79,11 +79,14 @@ class RowLayout:
     @classmethod
     def build(cls, positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, *,
               max_rows: int | None = None, kv_len: int | None = None, slot_window: bool = False,
-              padding_slot: int | None = None, max_request_rows: int | None = None) -> RowLayout:
+              padding_slot: int | None = None, max_request_rows: int | None = None,
+              padding_last: bool = False) -> RowLayout:
         """Layout of a batch. With ``max_rows`` and ``kv_len`` given (static-shape mode) nothing is
         read back to the host and every shape is fixed by the arguments; a request with more rows
         than ``max_rows`` (only the padding one may have them) attends its first ``max_rows`` and
-        its later rows read back the last of those. Otherwise one host read sizes it (and checks
+        its later rows read back the last of those; with ``padding_last`` the last request (the
+        padding one) gets no attention rows at all and its rows read back another request's. The
+        eager layout ignores ``padding_last``. Otherwise one host read sizes it (and checks
         ``max_request_rows``, the bound a static forward of the same batch would be given), and with
         ``slot_window`` the keys are read in place when the live requests' slots (those not on
         ``padding_slot``) are close enough together."""
@@ -99,12 +102,18 @@ class RowLayout:
             if slot_window:
                 window = _slot_window(host[:requests], host[requests : 2 * requests], padding_slot)
                 first_cell = host[requests + window[2][0]] - window[0] if window is not None else 0
+        else:
+            # a static layout may leave the padding request out: its rows then count as the one before's
+            # (their step is past that request's rows or clamped, so they read back one of its cells)
+            requests -= int(padding_last)
         device = positions.device
         steps = torch.arange(max_rows, device=device)
-        valid = steps[None, :] < counts[:, None]
-        pad_index = torch.where(valid, row_offsets[:-1, None] + steps[None, :], torch.zeros_like(valid, dtype=torch.long))
+        valid = steps[None, :] < counts[:requests, None]
+        pad_index = torch.where(valid, row_offsets[:requests, None] + steps[None, :],
+                                torch.zeros_like(valid, dtype=torch.long))
         query_positions = torch.where(valid, positions[pad_index], torch.zeros_like(pad_index))
-        slot_of_row, request_of_row, step_of_row = _row_coordinates(positions, slot_ids, row_offsets, counts, max_rows)
+        slot_of_row, request_of_row, step_of_row = _row_coordinates(positions, slot_ids, row_offsets, counts, max_rows,
+                                                                    cells=requests)
         if window is None:
             return cls(pad_index, valid, slot_of_row, query_positions, kv_len, request_of_row * max_rows + step_of_row)
         first_slot, width, live = window
@@ -150,8 +159,8 @@ class RowLayout:
     def read(self, cache, layer: int, slot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, kv_heads, kv_len, head_dim]`` of ``layer`` for the padded rows: a
         view of the slot window, or the requests' slots gathered."""
-        if self.first_slot is None:
-            return cache.read(layer, slot_ids, self.kv_len)
+        if self.first_slot is None:  # (a static layout may have left the last request, the padding one, out)
+            return cache.read(layer, slot_ids[: self.pad_index.shape[0]], self.kv_len)
         return cache.window(layer, self.first_slot, int(self.pad_index.shape[0]), self.kv_len)
 
     def causal_mask(self, kv_len: int | None = None) -> torch.Tensor:
@@ -195,12 +204,16 @@ class HeadFolding:
 
 
 def _row_coordinates(positions: torch.Tensor, slot_ids: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
-                     max_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     max_rows: int, cells: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each packed row's slot, request and step within its request ``[G]``; steps past ``max_rows - 1``
-    (a static layout's padding request only: eager layouts fit every request) are clamped to it."""
+    (a static layout's padding request only: eager layouts fit every request) are clamped to it.
+    ``cells``: requests from this one on (a left-out padding request) count as request ``cells - 1``."""
     rows, device = positions.shape[0], positions.device
     slot_of_row = torch.repeat_interleave(slot_ids, counts, output_size=rows)
-    request_of_row = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts, output_size=rows)
+    request = torch.arange(counts.shape[0], device=device)
+    if cells is not None and cells < counts.shape[0]:
+        request.clamp_(max=cells - 1)
+    request_of_row = torch.repeat_interleave(request, counts, output_size=rows)
     step_of_row = (torch.arange(rows, device=device) - row_offsets[request_of_row]).clamp_(max=max_rows - 1)
     return slot_of_row, request_of_row, step_of_row
 
