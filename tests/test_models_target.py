@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dspark_core.errors import ModelError
 from dspark_core.graphs import static_shapes
 from dspark_core.models.base import ForwardBatch, make_forward_batch
-from dspark_core.models.attention import (_default_attention, attend, block_attention, folded_attention, grouped_mask,
+from dspark_core.models.attention import (_default_attention, attend, context_block_attention, folded_attention, grouped_mask,
                                          set_attention_kernel)
 from dspark_core.models.layers import apply_rope, apply_rope_, greedy_tokens, rope_constants, rope_cos_sin
 from dspark_core.models.row_layout import RowLayout
@@ -339,27 +339,29 @@ def test_grouped_attention_equals_per_head_softmax(data):
                 row += 1
 
 
-@pytest.mark.parametrize("per_row", [False, True], ids=["shared-mask", "per-row-mask"])
-def test_block_attention_forms_agree_with_per_head_softmax(per_row):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_context_block_attention_equals_a_softmax_over_context_and_block(dtype):
+    """A draft block's attention scores its context and its own keys apart under one softmax: every
+    row of every query head gets softmax(q k^T / sqrt(d)) v over its visible context positions and
+    every key of its block, with query head h reading key head h // (H / KV)."""
     g = torch.Generator().manual_seed(4)
-    batch, heads, kv_heads, rows, length, head_dim = 2, 6, 2, 3, 9, 4
+    batch, heads, kv_heads, rows, length, head_dim = 3, 6, 2, 3, 9, 4
     q = torch.randn(batch, heads, rows, head_dim, generator=g)
-    keys, values = (torch.randn(batch, kv_heads, length, head_dim, generator=g) for _ in range(2))
-    seen = torch.rand(batch, 1, rows if per_row else 1, length, generator=g) < 0.6
-    seen[..., 0] = True  # every row sees a key
-    for kernel in ("sdpa", "matmul"):
-        set_attention_kernel(kernel)
-        try:
-            out = block_attention(q, keys, values, seen)
-        finally:
-            set_attention_kernel("auto")
-        for b in range(batch):
-            for h in range(heads):
-                for r in range(rows):
-                    visible = seen[b, 0, r if per_row else 0]
-                    k, v = keys[b, h // (heads // kv_heads), visible], values[b, h // (heads // kv_heads), visible]
-                    expected = torch.softmax(k @ q[b, h, r] / head_dim**0.5, dim=0) @ v
-                    torch.testing.assert_close(out[b, h, r], expected)
+    context = tuple(torch.randn(batch, kv_heads, length, head_dim, generator=g) for _ in range(2))
+    block = tuple(torch.randn(batch, kv_heads, rows, head_dim, generator=g) for _ in range(2))
+    sees = torch.rand(batch, length, generator=g) < 0.6
+    sees[2] = False  # an empty context (a block at position 0) sees its block only
+    out = context_block_attention(q.to(dtype), tuple(t.to(dtype) for t in context), tuple(t.to(dtype) for t in block), sees)
+    assert out.dtype == dtype and out.shape == q.shape
+    tolerance = {} if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    for b in range(batch):
+        for h in range(heads):
+            kv = h // (heads // kv_heads)
+            keys = torch.cat([context[0][b, kv, sees[b]], block[0][b, kv]])
+            values = torch.cat([context[1][b, kv, sees[b]], block[1][b, kv]])
+            for r in range(rows):
+                expected = torch.softmax(keys @ q[b, h, r] / head_dim**0.5, dim=0) @ values
+                torch.testing.assert_close(out[b, h, r].float(), expected, **tolerance)
 
 
 def test_attention_kernel_choice():

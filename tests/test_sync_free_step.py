@@ -48,7 +48,7 @@ TIER_ON_OWN_CONFIDENCES = {("cpu", f"{STEP}:select_budget"), ("numpy", f"{STEP}:
 EARLY_PROPOSAL_COPY = {("cpu", f"{STEP}:propose"), ("numpy", f"{STEP}:propose")}
 # made only by the eager path (no graph backend, or the CPU ``static`` one): they size attention from the
 # batch, check the pack fit, and decide whether the verify key splits (a recorded graph computes both)
-EAGER_ONLY = {("_local_scalar_dense", "dspark_core/models/dspark_draft.py:backbone"),
+EAGER_ONLY = {("tolist", "dspark_core/models/dspark_draft.py:backbone"),
               ("tolist", "dspark_core/models/row_layout.py:build"),
               ("_local_scalar_dense", "kernels/pack.py:pack"),
               ("_local_scalar_dense", "dspark_core/engine/runner.py:_verify_fn")}  # split in the key or not

@@ -71,6 +71,8 @@ class ModelRunner:
                 )
             draft.bind_target(target)
             draft.allocate_context(num_slots + 1, max_len)
+            if hasattr(draft, "padding_slot"):  # a draft that reads its context in place where it can
+                draft.padding_slot = self.scratch_slot  # (models/context_cells) learns which entries are padding
             try:
                 _DRAFT_OWNERS[draft] = weakref.ref(self)
                 self._draft_guarded = True

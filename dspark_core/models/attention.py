@@ -1,5 +1,5 @@
 """Attention over the KV cache for packed rows: the masks, the kernels (matmul, SDPA, batch-invariant,
-block) and :func:`attend`, which folds the query heads that share a key head into its rows."""
+a draft block's) and :func:`attend`, which folds the query heads that share a key head into its rows."""
 
 from __future__ import annotations
 
@@ -169,23 +169,32 @@ def invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     return out[:batch, :, :rows].to(q.dtype)
 
 
-def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention of ``q`` ``[B, H, S, d]`` over ``keys``/``values`` ``[B, KV, L, d]`` with a boolean
-    ``mask`` broadcastable to ``[B, 1, S, L]``; query head ``h`` reads key head ``h // (H / KV)``.
+def context_block_attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
+                            block: tuple[torch.Tensor, torch.Tensor], sees_context: torch.Tensor) -> torch.Tensor:
+    """A draft block's attention: queries ``q`` ``[B, H, S, d]`` over their context's keys and values
+    (``context``, ``[B, KV, L, d]`` each, a view of the cache or a gather) and over the block's own
+    (``block``, ``[B, KV, S, d]`` each), which every row of the block sees (the block is
+    non-causal); ``sees_context`` (bool ``[B, L]``) marks the context positions a block attends.
+    Query head ``h`` reads key head ``h // (H / KV)``.
 
-    The draft's block forward: on CUDA at decode sizes the matmul form (as in :func:`attend`, with
-    the query heads folded into their key head's rows), elsewhere SDPA with ``enable_gqa``.
+    The two parts are scored apart and share one softmax (float32 at least), so the context is never
+    copied to put the block's keys behind it: that copy of every layer's whole span used to cost as
+    much as the attention itself. The query heads of a key head are folded into its rows, two
+    matmuls per part, as in :func:`matmul_attention`.
     """
     batch, heads, rows, head_dim = q.shape
-    kv_heads = keys.shape[1]
+    (context_keys, context_values), (block_keys, block_values) = context, block
+    kv_heads, length = context_keys.shape[1], context_keys.shape[2]
     folded = q.reshape(batch, kv_heads, heads // kv_heads * rows, head_dim)
-    if not _matmul_attention_for(folded):
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
-    additive = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
-    groups = heads // kv_heads
-    if additive.shape[2] != 1:  # a per-row mask repeats for each query head of a group
-        additive = additive.repeat(1, 1, groups, 1)
-    return matmul_attention(folded, keys, values, additive).reshape(batch, heads, rows, head_dim)
+    scores = torch.cat([torch.matmul(folded, context_keys.transpose(-1, -2)),
+                        torch.matmul(folded, block_keys.transpose(-1, -2))], dim=-1)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    mask = torch.zeros((batch, 1, 1, length + rows), dtype=scores.dtype, device=scores.device)
+    mask[:, 0, 0, :length].masked_fill_(~sees_context, float("-inf"))
+    weights = torch.softmax(torch.add(mask, scores, alpha=head_dim**-0.5), dim=-1).to(context_values.dtype)
+    out = torch.matmul(weights[..., :length], context_values)
+    out = out + torch.matmul(weights[..., length:], block_values)
+    return out.reshape(batch, heads, rows, head_dim)
 
 
 def attend(q_rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: RowLayout, mask: torch.Tensor | None,

@@ -21,6 +21,12 @@ reads each slot's whole context cache and masks it by position instead of
 sizing the read from the largest anchor position: no host read, shapes fixed
 by the batch and the cache, the eager proposal up to rounding.
 
+Where the batch's slots fill a run of the context cache no longer than the batch
+(an engine's largest bucket), blocks are computed in that run's slot order and
+attention reads the context in place instead of gathering it
+(:mod:`dspark_core.models.context_cells`); ``padding_slot`` (the engine sets its
+scratch slot) marks the entries whose proposals are never read.
+
 The token embedding and LM head belong to the target (:meth:`bind_target`)
 and are never stored with the draft unless a checkpoint brings its own
 draft-vocabulary ``lm_head``.
@@ -39,7 +45,8 @@ from dspark_core.models.draft_config import DraftConfig
 from dspark_core.models.draft_heads import ConfidenceHead, MarkovHead
 from dspark_core.models.draft_layers import DraftLayer, RMSNorm, project
 from dspark_core.models.kv_cache import KVCache
-from dspark_core.models.attention import block_attention
+from dspark_core.models.attention import context_block_attention
+from dspark_core.models.context_cells import ContextCells
 from dspark_core.models.layers import apply_rope, greedy_tokens, linear, rope_constants, rope_cos_sin
 
 
@@ -72,6 +79,9 @@ class DSparkDraft(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool) if subset else None)
         self.register_buffer("temperatures", torch.tensor(c.temperatures, dtype=torch.float32), persistent=False)
         self.context: KVCache | None = None
+        # the context slot of padding entries, whose proposals nobody reads (the engine's scratch slot):
+        # with it, a proposal may read the context in place (context_cells)
+        self.padding_slot: int | None = None
         self._rope_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # with the context
         self._embed: torch.Tensor | None = None
         self._head: torch.Tensor | None = None
@@ -102,6 +112,7 @@ class DSparkDraft(nn.Module):
         c = self.config
         p = self.fc.weight
         self.context = KVCache.allocate(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim, dtype=p.dtype, device=p.device)
+        self.padding_slot = None  # a new context: its owner says again which slot is padding
         # made here, on the draft's device, before any forward (and so before any graph capture)
         self._rope_constants = rope_constants(c.head_dim, c.rope_theta, p.device)
         return self.context
@@ -135,36 +146,47 @@ class DSparkDraft(nn.Module):
         by default the trained ``block_size``; a shorter block is the trained one cut after ``S`` slots)."""
         self._ready()
         c = self.config
-        n, s = anchor_tokens.shape[0], c.block_size if block_rows is None else block_rows
+        s = c.block_size if block_rows is None else block_rows
+        context = self.context
+        if static_shapes_active():
+            # graph capture: read every slot's whole context cache (or the key's span of it), the mask
+            # hides positions >= anchor; no host read and a key length fixed by the key, with the eager result
+            ctx_len = static_kv_length(context.max_len)
+            cells = ContextCells.static(slot_ids, context.num_slots, self.padding_slot)
+        else:
+            # the one host read: context keys are positions < anchor, and the slots decide the cells
+            host = torch.cat([anchor_positions.max()[None], slot_ids]).tolist()
+            ctx_len = host[0]
+            if ctx_len > context.max_len:
+                raise ModelError(f"draft context cache holds {context.max_len} positions; anchor position {ctx_len} does not fit")
+            cells = ContextCells.eager(host[1:], self.padding_slot, slot_ids.device)
+        if cells is not None:  # blocks by slot: the context is read in place (context_cells)
+            anchor_tokens = anchor_tokens[cells.entry_of_cell]
+            anchor_positions = torch.where(cells.holds_entry, anchor_positions[cells.entry_of_cell], 0)
+        n = anchor_tokens.shape[0]
         ids = torch.full((n, s), c.mask_token_id, dtype=torch.long, device=anchor_tokens.device)
         ids[:, 0] = anchor_tokens
         x = self._embed[ids].to(self.fc.weight.dtype)
         positions = (anchor_positions[:, None] + torch.arange(s, device=ids.device)).reshape(-1)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype, self._rope_constants)
-        if static_shapes_active():
-            # graph capture: read every slot's whole context cache (or the key's span of it), the mask
-            # hides positions >= anchor; no host read and a key length fixed by the key, with the eager result
-            ctx_len = static_kv_length(self.context.max_len)
-        else:
-            ctx_len = int(anchor_positions.max().item())  # context keys are positions < anchor
-            if ctx_len > self.context.max_len:
-                raise ModelError(f"draft context cache holds {self.context.max_len} positions; anchor position {ctx_len} does not fit")
-        sees_ctx = torch.arange(ctx_len, device=ids.device)[None, :] < anchor_positions[:, None]
-        mask = torch.cat([sees_ctx, sees_ctx.new_ones(n, s)], dim=1)[:, None, None, :]  # block is non-causal
+        sees_context = torch.arange(ctx_len, device=ids.device)[None, :] < anchor_positions[:, None]
         for i, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x).reshape(n * s, -1)
             q = apply_rope(a.q_norm(project(a.q_proj, h).view(n * s, c.num_heads, c.head_dim)), cos, sin)
             k = apply_rope(a.k_norm(project(a.k_proj, h).view(n * s, c.num_kv_heads, c.head_dim)), cos, sin)
             v = project(a.v_proj, h).view(n * s, c.num_kv_heads, c.head_dim)
-            ctx_k, ctx_v = self.context.read(i, slot_ids, ctx_len)
-            keys = torch.cat([ctx_k.to(k.dtype), k.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
-            values = torch.cat([ctx_v.to(v.dtype), v.view(n, s, -1, c.head_dim).transpose(1, 2)], dim=2)
+            if cells is None:
+                ctx_k, ctx_v = context.read(i, slot_ids, ctx_len)
+            else:
+                ctx_k, ctx_v = context.window(i, cells.first_slot, cells.count, ctx_len)
+            block = (k.view(n, s, -1, c.head_dim).transpose(1, 2), v.view(n, s, -1, c.head_dim).transpose(1, 2))
             q = q.view(n, s, c.num_heads, c.head_dim).transpose(1, 2)
-            out = block_attention(q, keys, values, mask)
+            out = context_block_attention(q, (ctx_k.to(k.dtype), ctx_v.to(v.dtype)), block, sees_context)
             x = x + project(a.o_proj, out.transpose(1, 2).reshape(n, s, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+        x = self.norm(x)
+        return x if cells is None else x[cells.cell_of_entry]
 
     def _proposal_hidden(self, anchor_tokens, anchor_positions, slot_ids, depth: int | None = None) -> torch.Tensor:
         first, width = self.config.first_proposal_slot, self.config.num_speculative_tokens
