@@ -70,38 +70,34 @@ def test_static_shape_proposal_equals_eager(target, size, max_len, variant):
 
 @pytest.mark.parametrize("variant", [dict(), dict(markov_head_type="rnn", draft_vocab_size=40, num_layers=2)],
                          ids=["vanilla", "rnn-subset"])
-@pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
-def test_proposals_reading_the_context_in_place_equal_gathered_ones(target, variant, static, monkeypatch):
-    """With the padding slot known, a batch whose slots fill a run of the context cache (an engine's
-    largest bucket: slots 0-6 in any order, and padding entries on the scratch slot 7) computes its
-    blocks in slot order and reads the context in place: the proposals of the gathered read, and
-    every entry its own (a mix-up of cells would hand one request another's block)."""
+def test_eager_proposals_reading_the_context_in_place_equal_gathered_ones(target, variant, monkeypatch):
+    """With the padding slot known, a batch whose live slots fill a run of the context cache (slots
+    0-4 in any order, padding entries on the scratch slot 7) computes its blocks in slot order and
+    reads the context in place: the proposals of the gathered read (a static proposal, which always
+    gathers), and every entry its own (a mix-up of cells would hand one request another's block)."""
     from dspark_core.models.context_cells import ContextCells
 
     draft = filled_draft(target, num_slots=8, max_len=40, seed=5, **variant)
     g = torch.Generator().manual_seed(2)
-    slots = torch.cat([torch.randperm(7, generator=g)[:5], torch.tensor([7, 7])])  # 5 live of slots 0-6, 2 padding
-    if not static:  # eager cells span only the live slots' run: make it 0-4
-        slots[:5] = torch.randperm(5, generator=g)
+    slots = torch.cat([torch.randperm(5, generator=g), torch.tensor([7, 7])])  # 5 live, 2 padding
     positions = torch.randint(1, 41, (7,), generator=g)
     anchors = torch.randint(0, CFG.vocab_size, (7,), generator=g)
-    with static_shapes() if static else torch.no_grad():
+    draft.padding_slot = 7
+    with static_shapes():
         gathered = draft.propose(anchors, positions, slots)
-        built = []
-        factory = ContextCells.static if static else ContextCells.eager
-        monkeypatch.setattr(ContextCells, factory.__name__,
-                            classmethod(lambda cls, *a, **k: built.append(factory(*a, **k)) or built[-1]))
-        draft.padding_slot = 7
-        in_place = draft.propose(anchors, positions, slots)
-    assert built[0] is not None and built[0].count == (7 if static else 5)
+    built = []
+    eager = ContextCells.eager
+    monkeypatch.setattr(ContextCells, "eager", classmethod(lambda cls, *a, **k: built.append(eager(*a, **k)) or built[-1]))
+    in_place = draft.propose(anchors, positions, slots)
+    assert built[0] is not None and built[0].count == 5
     assert torch.equal(in_place[0][:5], gathered[0][:5])
-    torch.testing.assert_close(in_place[1][:5], gathered[1][:5], rtol=0, atol=1e-9)
+    torch.testing.assert_close(in_place[1][:5], gathered[1][:5], rtol=0, atol=1e-6)
     assert torch.isfinite(in_place[1]).all()  # padding entries read back a cell's block
 
 
 def test_context_cells_fall_back_to_gathering_where_reading_in_place_does_not_pay():
-    """Repeated live slots, a run longer than the batch, or a static batch smaller than the cache's
-    slots gather; padding entries read back cell 0; idle cells of a static batch hold no entry."""
+    """Repeated live slots or a run longer than the batch gather; padding entries read back cell 0,
+    and an idle slot inside the run is a cell without an entry."""
     from dspark_core.models.context_cells import ContextCells
 
     cpu = torch.device("cpu")
@@ -110,11 +106,6 @@ def test_context_cells_fall_back_to_gathering_where_reading_in_place_does_not_pa
     cells = ContextCells.eager([4, 2, 9, 9], 9, cpu)  # slots 2-4, slot 3 idle, two padding entries
     assert (cells.first_slot, cells.entry_of_cell.tolist(), cells.holds_entry.tolist(), cells.cell_of_entry.tolist()) \
         == (2, [1, 0, 0], [True, False, True], [2, 0, 0, 0])
-    assert ContextCells.static(torch.tensor([0, 1]), 4, 3) is None  # 3 slots, 2 entries
-    assert ContextCells.static(torch.tensor([2, 0, 1]), 4, None) is None  # no padding slot: gather
-    cells = ContextCells.static(torch.tensor([2, 0, 3]), 4, 3)
-    assert cells.entry_of_cell.tolist() == [1, 0, 0] and cells.holds_entry.tolist() == [True, False, True]
-    assert cells.cell_of_entry.tolist() == [2, 0, 0]
 
 
 def test_eager_proposal_reads_the_host_and_static_does_not(target):

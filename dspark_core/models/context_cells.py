@@ -2,12 +2,19 @@
 the draft's context cache in place.
 
 Each block attends to its own slot's context. Gathering every request's context copies each layer's
-whole span per proposal (on the development CPU, 16 requests of 1 500 positions: 13 of a 35 ms
-proposal). Where the batch's slots are a run of the cache no longer than the batch (an engine's
-largest bucket, whose entries hold every slot but the scratch one), the backbone runs on *cells*
-instead: cell ``c`` is slot ``first_slot + c`` and computes the block of the entry on that slot, or a
-dummy block where none is. Cells never outnumber the entries, so the draft computes no more rows
-than on the entries themselves; one gather at the end takes each entry's result from its cell.
+whole span per proposal, which on the CPU is slow: on the development CPU, 16 requests over 1 500
+context positions took 29-30 ms per proposal with the gather and 14-15 ms reading in place in
+float32 (the draft's dtype on CPUs without native bfloat16 products), 12.2-12.6 against 10.5-11.3 ms
+in bfloat16. Where the batch's slots are a run of the cache no longer than the
+batch (an engine's largest bucket, whose entries hold every slot but the scratch one), the backbone
+runs on *cells* instead: cell ``c`` is slot ``first_slot + c`` and computes the block of the entry
+on that slot, or a dummy block where none is. Cells never outnumber the entries, so the draft
+computes no more rows than on the entries themselves; one gather at the end takes each entry's
+result from its cell.
+
+Eager proposals only. A captured proposal gathers: the cells would cost it a dozen small kernels
+per replay (built without a host read), as much launch time as the one gather of a single draft
+layer's context costs at a GPU's bandwidth.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ from __future__ import annotations
 import torch
 from attrs import frozen
 
-from dspark_core.models.row_layout import rows_of_cells, window_cells
 
 
 @frozen
@@ -54,16 +60,3 @@ class ContextCells:
 
         return cls(first, as_tensor(entry_of_cell, torch.long), as_tensor(holds, torch.bool),
                    as_tensor(cell_of_entry, torch.long))
-
-    @classmethod
-    def static(cls, slot_ids: torch.Tensor, num_slots: int, padding_slot: int | None) -> ContextCells | None:
-        """Cells for a static-shape (captured) proposal, built without a host read: the cache's slots
-        from 0 (all but a last one that is ``padding_slot``), where there are no more of them than
-        entries (the largest bucket), else None. Entries must be on distinct slots but for padding
-        ones on ``padding_slot``, as the engine's are; without a padding slot the proposal gathers."""
-        cells = window_cells(num_slots, padding_slot)
-        if padding_slot is None or cells > slot_ids.shape[0]:
-            return None
-        placed = slot_ids < cells  # entries on the padding slot past the cells read back cell 0
-        entry_of_cell, holds = rows_of_cells(slot_ids, placed, cells)
-        return cls(0, entry_of_cell, holds, torch.where(placed, slot_ids, 0))

@@ -21,9 +21,9 @@ reads each slot's whole context cache and masks it by position instead of
 sizing the read from the largest anchor position: no host read, shapes fixed
 by the batch and the cache, the eager proposal up to rounding.
 
-Where the batch's slots fill a run of the context cache no longer than the batch
-(an engine's largest bucket), blocks are computed in that run's slot order and
-attention reads the context in place instead of gathering it
+Eagerly, where the batch's slots fill a run of the context cache no longer than
+the batch (an engine's largest bucket), blocks are computed in that run's slot
+order and attention reads the context in place instead of gathering it
 (:mod:`dspark_core.models.context_cells`); ``padding_slot`` (the engine sets its
 scratch slot) marks the entries whose proposals are never read.
 
@@ -80,7 +80,7 @@ class DSparkDraft(nn.Module):
         self.register_buffer("temperatures", torch.tensor(c.temperatures, dtype=torch.float32), persistent=False)
         self.context: KVCache | None = None
         # the context slot of padding entries, whose proposals nobody reads (the engine's scratch slot):
-        # with it, a proposal may read the context in place (context_cells)
+        # with it, an eager proposal may read the context in place (context_cells)
         self.padding_slot: int | None = None
         self._rope_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # with the context
         self._embed: torch.Tensor | None = None
@@ -152,7 +152,7 @@ class DSparkDraft(nn.Module):
             # graph capture: read every slot's whole context cache (or the key's span of it), the mask
             # hides positions >= anchor; no host read and a key length fixed by the key, with the eager result
             ctx_len = static_kv_length(context.max_len)
-            cells = ContextCells.static(slot_ids, context.num_slots, self.padding_slot)
+            cells = None  # (a gather: see context_cells for why captured proposals keep it)
         else:
             # the one host read: context keys are positions < anchor, and the slots decide the cells
             host = torch.cat([anchor_positions.max()[None], slot_ids]).tolist()
