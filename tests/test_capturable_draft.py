@@ -103,6 +103,8 @@ def test_context_cells_fall_back_to_gathering_where_reading_in_place_does_not_pa
     cpu = torch.device("cpu")
     assert ContextCells.eager([3, 3], None, cpu) is None
     assert ContextCells.eager([0, 3], None, cpu) is None  # 4 slots for 2 entries
+    in_order = ContextCells.eager([3, 4, 5], None, cpu)  # entry i on slot 3 + i: views, nothing to reorder
+    assert (in_order.first_slot, in_order.count, in_order.entry_of_cell, in_order.cell_of_entry) == (3, 3, None, None)
     cells = ContextCells.eager([4, 2, 9, 9], 9, cpu)  # slots 2-4, slot 3 idle, two padding entries
     assert (cells.first_slot, cells.entry_of_cell.tolist(), cells.holds_entry.tolist(), cells.cell_of_entry.tolist()) \
         == (2, [1, 0, 0], [True, False, True], [2, 0, 0, 0])

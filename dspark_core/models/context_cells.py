@@ -23,19 +23,16 @@ import torch
 from attrs import frozen
 
 
-
 @frozen
 class ContextCells:
     """Where each entry of a proposal batch computes its block: a run of context slots from ``first_slot``."""
 
     first_slot: int
-    entry_of_cell: torch.Tensor  # int64 [C]: the entry whose block each cell computes (0 where none)
-    holds_entry: torch.Tensor  # bool [C]
-    cell_of_entry: torch.Tensor  # int64 [n]: the cell each entry reads its result back from
-
-    @property
-    def count(self) -> int:
-        return int(self.entry_of_cell.shape[0])
+    count: int  # cells: slots first_slot .. first_slot + count - 1
+    # None (all three) where entry i already sits on slot first_slot + i: nothing to reorder
+    entry_of_cell: torch.Tensor | None = None  # int64 [C]: the entry whose block each cell computes (0 where none)
+    holds_entry: torch.Tensor | None = None  # bool [C]
+    cell_of_entry: torch.Tensor | None = None  # int64 [n]: the cell each entry reads its result back from
 
     @classmethod
     def eager(cls, slots: list[int], padding_slot: int | None, device: torch.device) -> ContextCells | None:
@@ -50,6 +47,8 @@ class ContextCells:
         width = max(live_slots) - first + 1
         if width > len(slots):
             return None
+        if len(live) == len(slots) and all(slot == first + entry for entry, slot in enumerate(slots)):
+            return cls(first, width)  # (one request always: its slot's context as a view, no gathers)
         entry_of_cell, holds, cell_of_entry = [0] * width, [False] * width, [0] * len(slots)
         for entry in live:
             cell = slots[entry] - first
@@ -58,5 +57,5 @@ class ContextCells:
         def as_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
-        return cls(first, as_tensor(entry_of_cell, torch.long), as_tensor(holds, torch.bool),
+        return cls(first, width, as_tensor(entry_of_cell, torch.long), as_tensor(holds, torch.bool),
                    as_tensor(cell_of_entry, torch.long))

@@ -160,7 +160,8 @@ class DSparkDraft(nn.Module):
             if ctx_len > context.max_len:
                 raise ModelError(f"draft context cache holds {context.max_len} positions; anchor position {ctx_len} does not fit")
             cells = ContextCells.eager(host[1:], self.padding_slot, slot_ids.device)
-        if cells is not None:  # blocks by slot: the context is read in place (context_cells)
+        reorder = cells is not None and cells.entry_of_cell is not None
+        if reorder:  # blocks by slot: the context is read in place (context_cells)
             anchor_tokens = anchor_tokens[cells.entry_of_cell]
             anchor_positions = torch.where(cells.holds_entry, anchor_positions[cells.entry_of_cell], 0)
         n = anchor_tokens.shape[0]
@@ -186,7 +187,7 @@ class DSparkDraft(nn.Module):
             x = x + project(a.o_proj, out.transpose(1, 2).reshape(n, s, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.norm(x)
-        return x if cells is None else x[cells.cell_of_entry]
+        return x[cells.cell_of_entry] if reorder else x
 
     def _proposal_hidden(self, anchor_tokens, anchor_positions, slot_ids, depth: int | None = None) -> torch.Tensor:
         first, width = self.config.first_proposal_slot, self.config.num_speculative_tokens
