@@ -124,6 +124,9 @@ def test_runner_proposes_through_the_backend_per_bucket(target, backend_class):
     draft = filled_draft(target, num_slots=4, max_len=32, seed=3, block_size=7)
     backend = backend_class("cpu")
     runner = ModelRunner(target, draft, draft_width=5, num_slots=4, max_len=32, graphs=backend)
+    # the draft learns which context slot holds padding entries: eagerly the bucket below then reads the
+    # context in place (slots 0-3, slot 1 idle) where the unpadded proposal gathers (4 slots, 3 entries)
+    assert draft.padding_slot == runner.scratch_slot == 4
     # the runner allocated a fresh context: fill it again (the scratch slot 4 too)
     g = torch.Generator().manual_seed(3)
     width = len(draft.config.aux_layer_ids) * CFG.hidden_size

@@ -171,7 +171,12 @@ class TargetModel(Protocol):
 
 @runtime_checkable
 class DraftModel(Protocol):
-    """The interface the engine uses for a DSpark draft (the model runner holds one, or none)."""
+    """The interface the engine uses for a DSpark draft (the model runner holds one, or none).
+
+    A draft with a ``padding_slot`` attribute is told, after :meth:`allocate_context`, the context
+    slot whose entries in a proposal batch are padding (the engine's scratch slot: their proposals
+    are never read), so that it may lay a batch out by slot (the DSpark draft reads its context in
+    place that way)."""
 
     config: Any  # a DraftConfig: num_speculative_tokens and aux_layer_ids are read
 
