@@ -177,10 +177,11 @@ def context_block_attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.
     non-causal); ``sees_context`` (bool ``[B, L]``) marks the context positions a block attends.
     Query head ``h`` reads key head ``h // (H / KV)``.
 
-    The two parts are scored apart and share one softmax (float32 at least), so the context is never
-    copied to put the block's keys behind it: that copy of every layer's whole span used to cost as
-    much as the attention itself. The query heads of a key head are folded into its rows, two
-    matmuls per part, as in :func:`matmul_attention`.
+    The two parts are scored apart and share one softmax (float32 at least), so the context is not
+    copied once more, per layer and proposal, to put the block's keys behind it. The query heads of
+    a key head are folded into its rows, two matmuls per part, as in :func:`matmul_attention`. On
+    the development CPU (float32, 16 requests over 1 500 context positions, gathered) a proposal
+    took 29 ms this way and 35 ms with the copy and SDPA.
     """
     batch, heads, rows, head_dim = q.shape
     (context_keys, context_values), (block_keys, block_values) = context, block
