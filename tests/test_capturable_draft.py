@@ -95,6 +95,21 @@ def test_eager_proposals_reading_the_context_in_place_equal_gathered_ones(target
     assert torch.isfinite(in_place[1]).all()  # padding entries read back a cell's block
 
 
+def test_a_training_forward_gathers_its_context_so_later_cache_writes_leave_its_backward_alone(target):
+    """``forward_block`` (gradients on) on slots that a proposal would read in place: the block still
+    reads a gathered copy, so writing the context before ``backward`` (as the next step's rows do)
+    cannot invalidate the saved tensors."""
+    draft = filled_draft(target, num_slots=4, max_len=16, seed=2)
+    draft.padding_slot = 3
+    tokens = torch.randint(0, CFG.vocab_size, (3, draft.config.num_speculative_tokens))
+    out = draft.forward_block(tokens, torch.tensor([5, 9, 12]), torch.tensor([0, 1, 2]))
+    width = len(draft.config.aux_layer_ids) * CFG.hidden_size
+    draft.extend_context(torch.randn(3, width, dtype=torch.float64), torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]))
+    out.logits.sum().backward()
+    grad = draft.layers[0].self_attn.q_proj.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
 def test_context_cells_fall_back_to_gathering_where_reading_in_place_does_not_pay():
     """Repeated live slots or a run longer than the batch gather; padding entries read back cell 0,
     and an idle slot inside the run is a cell without an entry."""

@@ -296,6 +296,8 @@ def test_a_bound_on_request_rows_sizes_static_attention_and_keeps_live_rows(monk
     assert torch.isfinite(bounded).all() and torch.isfinite(last).all()
     with pytest.raises(ModelError, match="padding_last=True needs the padding_slot"):
         attrs.evolve(batch, padding_slot=None, padding_last=True)
+    with pytest.raises(ModelError, match="padding_last=True needs a request before the padding one"):
+        ForwardBatch(tokens[9:], positions[9:], torch.tensor([3]), torch.tensor([0, 5]), padding_slot=3, padding_last=True)
     with pytest.raises(ModelError, match=r"request 0 \(slot 0\) has 3 rows, more than the batch's max_request_rows 2"):
         model.forward(attrs.evolve(batch, max_request_rows=2), cache)
 
@@ -340,12 +342,14 @@ def test_grouped_attention_equals_per_head_softmax(data):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_context_block_attention_equals_a_softmax_over_context_and_block(dtype):
-    """A draft block's attention scores its context and its own keys apart under one softmax: every
-    row of every query head gets softmax(q k^T / sqrt(d)) v over its visible context positions and
-    every key of its block, with query head h reading key head h // (H / KV)."""
+@pytest.mark.parametrize("rows", [3, 23], ids=["scored-apart", "sdpa-past-64-folded-rows"])
+def test_context_block_attention_equals_a_softmax_over_context_and_block(dtype, rows):
+    """A draft block's attention scores its context and its own keys apart under one softmax (SDPA on
+    the joined keys past 64 folded rows per key head): every row of every query head gets
+    softmax(q k^T / sqrt(d)) v over its visible context positions and every key of its block, with
+    query head h reading key head h // (H / KV)."""
     g = torch.Generator().manual_seed(4)
-    batch, heads, kv_heads, rows, length, head_dim = 3, 6, 2, 3, 9, 4
+    batch, heads, kv_heads, length, head_dim = 3, 6, 2, 9, 4
     q = torch.randn(batch, heads, rows, head_dim, generator=g)
     context = tuple(torch.randn(batch, kv_heads, length, head_dim, generator=g) for _ in range(2))
     block = tuple(torch.randn(batch, kv_heads, rows, head_dim, generator=g) for _ in range(2))

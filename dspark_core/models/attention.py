@@ -181,12 +181,19 @@ def context_block_attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.
     copied once more, per layer and proposal, to put the block's keys behind it. The query heads of
     a key head are folded into its rows, two matmuls per part, as in :func:`matmul_attention`. On
     the development CPU (float32, 16 requests over 1 500 context positions, gathered) a proposal
-    took 29 ms this way and 35 ms with the copy and SDPA.
+    took 29 ms this way and 35 ms with the copy and SDPA. The scores are held whole (float32
+    ``[B, KV, folded rows, L + S]``), so a draft with more than :data:`MATMUL_ATTENTION_MAX_ROWS`
+    folded rows per key head takes SDPA on the joined keys instead, whose memory does not grow
+    with them.
     """
     batch, heads, rows, head_dim = q.shape
     (context_keys, context_values), (block_keys, block_values) = context, block
     kv_heads, length = context_keys.shape[1], context_keys.shape[2]
     folded = q.reshape(batch, kv_heads, heads // kv_heads * rows, head_dim)
+    if folded.shape[2] > MATMUL_ATTENTION_MAX_ROWS:
+        keys, values = torch.cat([context_keys, block_keys], dim=2), torch.cat([context_values, block_values], dim=2)
+        sees = torch.cat([sees_context, sees_context.new_ones(batch, rows)], dim=1)[:, None, None, :]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=sees, enable_gqa=heads != kv_heads)
     scores = torch.cat([torch.matmul(folded, context_keys.transpose(-1, -2)),
                         torch.matmul(folded, block_keys.transpose(-1, -2))], dim=-1)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))

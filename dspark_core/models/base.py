@@ -70,10 +70,13 @@ class ForwardBatch:
     rows past the bound share its last attended row's result.
 
     ``padding_last`` says that the last request is the padding request (on
-    ``padding_slot``, holding only the tier's padding rows). A static-shape
-    forward then leaves it out of attention altogether, since it cannot read
-    that the request's results are unused: its rows read back another row's
-    result, and at one live request the keys of one slot are gathered, not two.
+    ``padding_slot``, holding only the tier's padding rows) and that at least one
+    request comes before it. A static-shape forward that gathers each request's
+    keys cannot read that the request's results are unused; told so, it leaves
+    the request out of attention, and its rows read back another row's result
+    (at one live request the keys of one slot are gathered, not two). A forward
+    that reads the cache in place leaves the padding slot out where it is the
+    cache's last slot, as the engine's scratch slot is, flag or not.
     """
 
     tokens: torch.Tensor  # int64 [G]
@@ -87,6 +90,8 @@ class ForwardBatch:
     def __attrs_post_init__(self) -> None:
         if self.padding_last and self.padding_slot is None:
             raise ModelError("a forward batch with padding_last=True needs the padding_slot its last request is on")
+        if self.padding_last and self.slot_ids.shape[0] < 2:
+            raise ModelError("a forward batch with padding_last=True needs a request before the padding one")
 
     @property
     def num_rows(self) -> int:

@@ -21,11 +21,11 @@ reads each slot's whole context cache and masks it by position instead of
 sizing the read from the largest anchor position: no host read, shapes fixed
 by the batch and the cache, the eager proposal up to rounding.
 
-Eagerly, where the batch's slots fill a run of the context cache no longer than
-the batch (an engine's largest bucket), blocks are computed in that run's slot
-order and attention reads the context in place instead of gathering it
-(:mod:`dspark_core.models.context_cells`); ``padding_slot`` (the engine sets its
-scratch slot) marks the entries whose proposals are never read.
+Eager proposals (without gradients) whose slots fill a run of the context
+cache no longer than the batch (an engine's largest bucket) are computed in
+that run's slot order, and attention reads the context in place instead of
+gathering it (:mod:`dspark_core.models.context_cells`); ``padding_slot`` (the
+engine sets its scratch slot) marks the entries whose proposals are never read.
 
 The token embedding and LM head belong to the target (:meth:`bind_target`)
 and are never stored with the draft unless a checkpoint brings its own
@@ -155,11 +155,14 @@ class DSparkDraft(nn.Module):
             cells = None  # (a gather: see context_cells for why captured proposals keep it)
         else:
             # the one host read: context keys are positions < anchor, and the slots decide the cells
-            host = torch.cat([anchor_positions.max()[None], slot_ids]).tolist()
+            host = torch.cat([anchor_positions.max()[None], slot_ids.to(anchor_positions.device)]).tolist()
             ctx_len = host[0]
             if ctx_len > context.max_len:
                 raise ModelError(f"draft context cache holds {context.max_len} positions; anchor position {ctx_len} does not fit")
-            cells = ContextCells.eager(host[1:], self.padding_slot, slot_ids.device)
+            # proposals only (no gradients): a training forward keeps its gathered copy, since an in-place
+            # read would tie its backward pass to a cache that later writes change
+            cells = None if torch.is_grad_enabled() else ContextCells.eager(host[1:], self.padding_slot,
+                                                                             slot_ids.device)
         reorder = cells is not None and cells.entry_of_cell is not None
         if reorder:  # blocks by slot: the context is read in place (context_cells)
             anchor_tokens = anchor_tokens[cells.entry_of_cell]

@@ -4,7 +4,7 @@ Target-only and draft-off steps verify one row per request (the anchor). A stati
 forward cannot read which rows belong to which request, so the general layout
 (:class:`~dspark_core.models.row_layout.RowLayout`) gathers each layer's queries into a per-request
 attention layout and scatters the outputs back: two device kernels per layer, 60 per step for
-SmolLM2, and a padding request's attention besides.
+SmolLM2.
 
 With one row per request the forward can instead reorder its rows once, at the embedding: row ``c``
 of the forward is *cell* ``c`` (a request, or a cache slot where the keys are read in place), so a
