@@ -123,6 +123,17 @@ def test_hidden_states_match_reference(model):
     torch.testing.assert_close(out.hidden, ref_hidden, atol=1e-4, rtol=1e-4)
 
 
+def test_hidden_layers_in_any_order_and_repeated_fill_their_own_columns(model):
+    """Each asked-for layer's states land in its own columns, in the order asked, a repeat included."""
+    batch = make_forward_batch([[5, 6, 7], [8, 9]], [0, 0], [0, 1])
+    d = model.config.hidden_size
+    alone = {i: model.forward(batch, model.new_cache(2, 8), hidden_layers=(i,)).hidden for i in (0, 2)}
+    mixed = model.forward(batch, model.new_cache(2, 8), hidden_layers=(2, 0, 2)).hidden
+    assert mixed.shape == (5, 3 * d)
+    for column, layer in enumerate((2, 0, 2)):
+        assert torch.equal(mixed[:, column * d : (column + 1) * d], alone[layer])
+
+
 def test_logit_rows_select_rows_and_keep_every_hidden_state(model):
     """A prefill asks for each prompt's last row only: the same logits as the full forward's rows,
     while the hidden states (the draft's context) still cover every row."""

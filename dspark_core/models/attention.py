@@ -55,12 +55,17 @@ def matmul_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     ``q`` ``[B, KV, rows, d]``, ``keys``/``values`` ``[B, KV, L, d]``, ``mask`` additive and
     broadcastable to ``[B, KV, rows, L]``. Every query row sees at least one key (its own position).
     """
-    scores = torch.matmul(q, keys.transpose(-1, -2))
+    weights = _attention_weights(torch.matmul(q, keys.transpose(-1, -2)), mask, q.shape[-1], values.dtype)
+    return torch.matmul(weights, values)
+
+
+def _attention_weights(scores: torch.Tensor, mask: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``softmax(mask + scores / sqrt(head_dim))`` over the last axis, in float32 at least, returned in
+    ``dtype`` (the values'): the one softmax of every matmul form of attention."""
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     # mask + scale * scores as one kernel, not a product then a sum over the whole scores tensor (every
     # layer pays for it). The same bits as the two where the scale is a power of two (head_dim 64: 1/8)
-    scores = torch.add(mask, scores, alpha=q.shape[-1] ** -0.5)
-    return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return torch.softmax(torch.add(mask, scores, alpha=head_dim**-0.5), dim=-1).to(dtype)
 
 
 # The CPU flash-attention kernel (aten::_scaled_dot_product_flash_attention_for_cpu) reduces keys
@@ -196,10 +201,9 @@ def context_block_attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=sees, enable_gqa=heads != kv_heads)
     scores = torch.cat([torch.matmul(folded, context_keys.transpose(-1, -2)),
                         torch.matmul(folded, block_keys.transpose(-1, -2))], dim=-1)
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    mask = torch.zeros((batch, 1, 1, length + rows), dtype=scores.dtype, device=scores.device)
+    mask = torch.zeros((batch, 1, 1, length + rows), dtype=torch.float32, device=scores.device)
     mask[:, 0, 0, :length].masked_fill_(~sees_context, float("-inf"))
-    weights = torch.softmax(torch.add(mask, scores, alpha=head_dim**-0.5), dim=-1).to(context_values.dtype)
+    weights = _attention_weights(scores, mask, head_dim, context_values.dtype)
     out = torch.matmul(weights[..., :length], context_values)
     out = out + torch.matmul(weights[..., length:], block_values)
     return out.reshape(batch, heads, rows, head_dim)

@@ -263,8 +263,11 @@ class LlamaTarget(nn.Module):
                                                                                     cells.positions)
         cos, sin = self.rope_tables(positions)
         x = self.embed[tokens]
-        # (copies: the residual products may add into x in place)
-        saved = {0: x.clone()} if 0 in hidden_layers else {}
+        # the asked-for hidden states are copied into their columns of the output as the residual stream
+        # passes them (copies, since the residual products may add into x in place; and no join after)
+        hidden = x.new_empty((x.shape[0], len(hidden_layers) * x.shape[1])) if hidden_layers else None
+        columns = () if hidden is None else hidden.split(x.shape[1], dim=1)
+        _copy_hidden(columns, hidden_layers, 0, x)
         for i, layer in enumerate(self.layers):
             q, kv_rows = self._qkv(layer, x, cos, sin)
             # Write first, then read: the rows see their own and earlier rows' keys.
@@ -276,9 +279,7 @@ class LlamaTarget(nn.Module):
                 attended = attend_cells(q, keys, values, mask, self.batch_invariant)
             x = self._add_product(x, attended, layer.o_proj)
             x = self._mlp(layer, x)
-            if i + 1 in hidden_layers:
-                saved[i + 1] = x.clone()
-        hidden = torch.cat([saved[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+            _copy_hidden(columns, hidden_layers, i + 1, x)
         if cells is not None:  # the packed rows' results, from their cells
             x = x[cells.cell_of_row]
             hidden = None if hidden is None else hidden[cells.cell_of_row]
@@ -286,3 +287,10 @@ class LlamaTarget(nn.Module):
         if greedy_only:
             return ForwardOutput(None, hidden, self.greedy_from_hidden(rows))
         return ForwardOutput(self.logits_from_hidden(rows), hidden)
+
+
+def _copy_hidden(columns: tuple[torch.Tensor, ...], hidden_layers: tuple[int, ...], depth: int, x: torch.Tensor) -> None:
+    """Copy the residual stream ``x`` after ``depth`` decoder layers into each output column that asks for it."""
+    for column, wanted in zip(columns, hidden_layers):
+        if wanted == depth:
+            column.copy_(x)
