@@ -19,6 +19,7 @@ too, and its rows show what its own choices cost against the fixed widths.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -27,12 +28,14 @@ from common import (add_draft_dtype_argument, cpu_draft_dtype, load_models, mtbe
                     set_threads, side_by_side_engines, write_results)
 
 from dspark_core.engine.request import SamplingParams
+from dspark_core.prompts import read_prompts_jsonl
 
 
 def _timed(obj, name: str, key: str, spent: dict[str, float]) -> None:
     """Wrap ``obj.name`` so its wall time adds up in ``spent[key]`` (this script's instances only)."""
     inner = getattr(obj, name)
 
+    @functools.wraps(inner)  # keeps the signature the engine inspects (a draft's propose takes ``depth``)
     def wrapper(*args, **kwargs):
         started = time.perf_counter()
         try:
@@ -51,6 +54,10 @@ def main() -> None:
     add_draft_dtype_argument(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--table", default=None, help="A saved cost table: also step an adaptive engine priced by it.")
+    parser.add_argument("--prompts", default=None,
+                        help="JSONL prompts (`prompt` or `messages`; held-out ShareGPT, say); default MT-Bench first turns.")
+    parser.add_argument("--draft_depths", default="full",
+                        help="Tokens the draft proposes per request bucket, as the CLI's --draft_depths (bucket:depth pairs).")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     if args.concurrency < 1:
@@ -69,10 +76,13 @@ def main() -> None:
         _timed(draft, "extend_context", "context_ms", spent)
 
     engines = side_by_side_engines(target, policies, table_path=args.table, draft_dtype=draft_dtype,
-                                   on_draft=timed_draft, max_model_len=2048)
+                                   on_draft=timed_draft, max_model_len=2048, draft_depths=args.draft_depths)
+    chats = read_prompts_jsonl(args.prompts)[: args.concurrency] if args.prompts else mtbench_chats(args.concurrency)
+    if len(chats) < args.concurrency:
+        parser.error(f"--prompts {args.prompts} holds {len(chats)} prompts; --concurrency {args.concurrency} needs as many")
     reports: dict[str, list] = {label: [] for label in policies}
     for label, engine in engines.items():
-        for chat in mtbench_chats(args.concurrency):
+        for chat in chats:
             engine.add_request(chat, SamplingParams(max_tokens=args.steps * 8, ignore_eos=True))
         warm: list = []  # prefill and three decode steps over the whole batch, not measured
         engine.add_observer(warm.append)
@@ -100,7 +110,8 @@ def main() -> None:
         results.append(row)
         print(row)
     write_results(args.output, "row_costs.py", {"threads": args.threads, "steps": args.steps, "concurrency": args.concurrency,
-                                                "table": args.table, "draft_dtype": args.draft_dtype}, results)
+                                                "table": args.table, "draft_dtype": args.draft_dtype,
+                                                "prompts": args.prompts, "draft_depths": args.draft_depths}, results)
 
 
 if __name__ == "__main__":

@@ -91,9 +91,26 @@ def test_invariant_attention_reads_whole_key_blocks_or_a_checked_short_one():
     short = (128, 384)
     assert [invariant_kv_length(n, 2048, short) for n in (1, 128, 129, 385, 600, 1000)] == [128, 128, 384, 512, 640, 1024]
     assert [invariant_kv_length(n, 700, short) for n in (100, 400, 513)] == [128, 512, 700]  # 640 would cut the cache's last block
-    # the tails in use are those this CPU's check accepts, and a tail the check rejects is never used
-    assert attention.invariant_key_tails() in ((), attention.SHORT_KEY_TAILS)
-    assert attention.key_tails_invariant(()) and attention.key_tails_invariant(attention.invariant_key_tails())
+    # the tails in use are the candidates this CPU's check accepts, each checked on its own
+    tails = attention.invariant_key_tails()
+    assert set(tails) <= set(attention.CANDIDATE_KEY_TAILS) and list(tails) == sorted(tails)
+    assert tails == tuple(t for t in attention.CANDIDATE_KEY_TAILS if attention.key_tail_invariant(t))
+
+
+def test_a_key_tail_the_kernel_sums_otherwise_is_rejected(monkeypatch):
+    """The check must be able to fail: a kernel whose bits depend on how many keys it reads (here a
+    rounding step that grows with the read) has no tail accepted."""
+    real = attention.invariant_attention
+
+    def length_dependent(q, keys, values, mask):
+        out = real(q, keys, values, mask)
+        return out + out * (keys.shape[2] * 2.0**-20)  # a change that grows with the read length
+
+    monkeypatch.setattr(attention, "invariant_attention", length_dependent)
+    assert not any(attention.key_tail_invariant(t) for t in attention.CANDIDATE_KEY_TAILS)
+    monkeypatch.setattr(attention, "invariant_attention", real)
+    assert attention.key_tail_invariant(attention.CANDIDATE_KEY_TAILS[0]) == (
+        attention.CANDIDATE_KEY_TAILS[0] in attention.invariant_key_tails())
 
 
 def test_invariant_attention_is_softmax_attention():
@@ -247,9 +264,10 @@ def test_row_bands_give_each_row_the_bits_of_one_padded_call(monkeypatch, length
     extents = (positions.amax(1) + 1).tolist()
     bands = plan_bands(causal, counts, groups, torch.float32, extents)
     assert len(bands) > 1 and any(band.members is not None for band in bands)  # the split is exercised
-    # the banded requests see at most 227 keys: their bands read one block, or a short one where this
-    # CPU allows it (384 keys), or the whole cache where it is shorter than a block
-    expected = length if length < KEY_BLOCK else (384 if attention.invariant_key_tails() else KEY_BLOCK)
+    # the banded requests see at most 227 keys: their bands read one block, or the shortest tail
+    # covering them where this CPU allows one, or the whole cache where it is shorter than a block
+    covering = [t for t in attention.invariant_key_tails() if t >= 227]
+    expected = length if length < KEY_BLOCK else (covering[0] if covering else KEY_BLOCK)
     assert [band.mask.shape[-1] for band in bands if band.members is not None] == [expected] * (len(bands) - 1)
     assert bands[0].members is None and bands[0].mask.shape[-1] == length
     banded = banded_attention(q, keys, values, bands)

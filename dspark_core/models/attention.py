@@ -74,11 +74,12 @@ def _attention_weights(scores: torch.Tensor, mask: torch.Tensor, head_dim: int, 
 # of the batch needs.
 KEY_BLOCK = 512
 # A last block shorter than KEY_BLOCK that still gives every row of it the bits a whole block
-# gives, where invariant_key_tails() measures so: on the development CPU a row within the first 128
-# keys of its block got the same bits from blocks of 128 to 512 keys, and a row past them from
-# blocks of 384 to 512, but not from 256 or 320 (the value product sums its keys in another
-# grouping). Short contexts then read 128 or 384 keys instead of 512.
-SHORT_KEY_TAILS = (128, 384)
+# gives, where invariant_key_tails() measures so. Which ones do depends on how the kernel's value
+# product groups its sums over a block's keys, so on the BLAS build and the CPU: on an AVX2 EPYC
+# tails of 128 and 384 keys passed and 256 and 320 did not; on an AMX Xeon every tail up to 256
+# passed and none from 288 on. Each candidate is checked on its own, so short contexts read the
+# shortest tail this CPU allows that covers them instead of a whole block.
+CANDIDATE_KEY_TAILS = tuple(range(64, KEY_BLOCK, 64))
 # Fewer folded query rows than this take another product path inside that kernel, whose bits
 # differ (measured on torch 2.13: 3 rows differ from 4+; 4 to 3 000 rows agree), so calls are
 # padded up to it.
@@ -113,30 +114,31 @@ def invariant_cache_length(max_len: int) -> int:
 
 @functools.cache
 def invariant_key_tails() -> tuple[int, ...]:
-    """The last-block lengths :func:`invariant_kv_length` may use on this CPU: :data:`SHORT_KEY_TAILS`
-    where a check, run once per process, finds that they give rows the bits of whole blocks, none
-    otherwise (every block whole). Block lengths change how the kernel's products group their sums,
-    which depends on the BLAS build and the CPU, so this is measured rather than assumed."""
-    return SHORT_KEY_TAILS if key_tails_invariant(SHORT_KEY_TAILS) else ()
+    """The last-block lengths :func:`invariant_kv_length` may use on this CPU: those of
+    :data:`CANDIDATE_KEY_TAILS` that :func:`key_tail_invariant` accepts, checked once per process
+    (every block whole where none is)."""
+    return tuple(tail for tail in CANDIDATE_KEY_TAILS if key_tail_invariant(tail))
 
 
-def key_tails_invariant(tails: tuple[int, ...]) -> bool:
-    """Whether rows at positions across two blocks get the same bits from every key length that
-    :func:`invariant_kv_length` with ``tails`` can give them (rows alone and beside others)."""
+def key_tail_invariant(tail: int) -> bool:
+    """Whether reading a last block of ``tail`` keys gives every row it covers (within the first
+    ``tail`` keys of its block, in the first and the second block) the bits that reading the whole
+    block gives (two requests of two rows each, random keys, positions 5 apart). Every accepted tail
+    then agrees with every other on the rows they both cover, since each agrees with the whole block."""
     generator = torch.Generator().manual_seed(0)
     kv_heads, groups, head_dim, length = 2, 3, 64, 2 * KEY_BLOCK
     keys, values = (torch.randn(2, kv_heads, length, head_dim, generator=generator) for _ in range(2))
-    for position in range(1, length, 13):  # every offset class within a block, in both blocks
-        q = torch.randn(2, kv_heads, 2 * groups, head_dim, generator=generator)
-        positions = torch.tensor([position - 1, position] * groups)
-        reference = None
-        for read in sorted({invariant_kv_length(n, length, tails) for n in range(position + 1, length + 1)}):
-            mask = torch.zeros(1, 1, positions.shape[0], read).masked_fill_(
-                torch.arange(read)[None, None, None, :] > positions[None, None, :, None], float("-inf"))
-            out = invariant_attention(q, keys[:, :, :read], values[:, :, :read], mask)
-            if reference is not None and not torch.equal(out, reference):
+    for start in (0, KEY_BLOCK):
+        for position in range(start + 1, start + tail, 5):
+            q = torch.randn(2, kv_heads, 2 * groups, head_dim, generator=generator)
+            positions = torch.tensor([position - 1, position] * groups)
+            outputs = []
+            for read in (start + tail, start + KEY_BLOCK):
+                mask = torch.zeros(1, 1, positions.shape[0], read).masked_fill_(
+                    torch.arange(read)[None, None, None, :] > positions[None, None, :, None], float("-inf"))
+                outputs.append(invariant_attention(q, keys[:, :, :read], values[:, :, :read], mask))
+            if not torch.equal(*outputs):
                 return False
-            reference = out
     return True
 
 
