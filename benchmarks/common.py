@@ -142,3 +142,57 @@ def write_results(path: str | None, script: str, meta: dict, results: list[dict]
 
     meta = {**meta, "torch": torch.__version__, "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:])}
     Path(path).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+
+
+def decode_in_turns(engines: dict, prompts: list, concurrency: int, max_tokens: int, before_step=None):
+    """Every engine decodes every prompt (at most ``concurrency`` at a time, a finished request replaced by
+    the next prompt), the engines taking turns one ``step()`` at a time; ``before_step(label)`` runs before
+    each of an engine's steps, untimed. Returns per label the outputs' token ids in prompt order and the
+    summed seconds of the engine's own steps."""
+    import time
+
+    from dspark_core.engine.request import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens)
+    queues = {label: list(enumerate(prompts)) for label in engines}
+    live, seconds = dict.fromkeys(engines, 0), dict.fromkeys(engines, 0.0)
+    order: dict = {label: {} for label in engines}
+    outputs: dict = {label: {} for label in engines}
+    for label, engine in engines.items():
+        if before_step is not None:
+            before_step(label)
+        engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
+    while any(queues[label] or live[label] for label in engines):
+        for label, engine in engines.items():
+            if not (queues[label] or live[label]):
+                continue
+            if before_step is not None:
+                before_step(label)
+            while live[label] < concurrency and queues[label]:
+                index, prompt = queues[label].pop(0)
+                order[label][engine.add_request(prompt, params).request_id] = index
+                live[label] += 1
+            started = time.perf_counter()
+            finished = engine.step()
+            seconds[label] += time.perf_counter() - started
+            for output in finished:
+                outputs[label][order[label][output.request_id]] = output.token_ids
+                live[label] -= 1
+    return {label: [outputs[label][i] for i in range(len(prompts))] for label in engines}, seconds
+
+
+def paired_rows(outputs: dict, seconds: dict, baseline: str, reference: str) -> list[dict]:
+    """One result row per ``policy@variant`` label: throughput, its ratio to the same policy's ``baseline``
+    variant, and whether its outputs equal the ``reference`` label's."""
+    rows = []
+    for label in outputs:
+        tokens = sum(len(ids) for ids in outputs[label])
+        policy = label.split("@")[0]
+        base = f"{policy}@{baseline}"
+        base_rate = sum(len(ids) for ids in outputs[base]) / seconds[base]
+        rate = tokens / seconds[label]
+        rows.append({"policy": label, "tokens": tokens, "seconds": round(seconds[label], 2),
+                     "tokens_per_s": round(rate, 2), f"vs_{baseline}": round(rate / base_rate, 3),
+                     "identical": outputs[label] == outputs[reference]})
+        print(rows[-1], flush=True)
+    return rows

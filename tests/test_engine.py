@@ -81,6 +81,31 @@ def test_every_policy_is_exact_with_partly_accepted_drafts(models, prompts, refe
         assert any(o.acceptance < 1.0 for o in outputs)
 
 
+@pytest.mark.parametrize("policy,options", [("none", {}), ("fixed", {"k": 2}), ("adaptive", {})], ids=str)
+def test_an_eager_verify_forwards_the_live_rows_only(models, prompts, references, policy, options, monkeypatch):
+    """Three requests in bucket 4: a tier's padding rows (the empty entry's and the unspent ones) would
+    be a quarter or more of every forward; an eager step leaves them out, and the output stays exact."""
+    target, draft = models
+    batches = []
+    real_forward = target.forward
+
+    def recording_forward(batch, cache, *args, **kwargs):
+        batches.append(batch)
+        return real_forward(batch, cache, *args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", recording_forward)
+    engine, outputs = run(target, oracle(draft, prompts[:3], references[:3]), prompts[:3], 3, policy, options,
+                          batch=4, table=synthetic_table(3, (1, 2, 4)))
+    assert [list(o.token_ids) for o in outputs] == references[:3]
+    scratch = engine.runner.scratch_slot
+    steps = [b for b in batches if scratch in b.slot_ids.tolist()]  # verify steps (a bucket entry was empty)
+    assert steps, "no step of three requests in bucket 4 ran"
+    for batch in steps:
+        rows = batch.row_offsets.diff().tolist()
+        assert batch.tokens.shape[0] == batch.row_offsets[-1] == sum(rows)
+        assert all(n == 0 for n, slot in zip(rows, batch.slot_ids.tolist()) if slot == scratch), rows
+
+
 @pytest.mark.parametrize("policy,options", [("adaptive", {}), ("fixed", {"k": 3})], ids=str)
 def test_matmul_attention_is_exact(models, prompts, references, policy, options):
     # the attention form CUDA decode and verify steps take (attention.matmul_attention), run here on the CPU

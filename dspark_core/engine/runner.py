@@ -343,11 +343,21 @@ class ModelRunner:
         # many rows per request instead of the tier's G (16 requests at full width: 16 times fewer
         # scores; target-only at 16 requests: one row each, not 16). Nothing reads the padding request's
         # results, so a captured forward leaves it out of attention (padding_last)
-        batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, self._scratch_slot_id]),
-                             torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
-                             padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1,
-                             padding_last=True)
+        # eager, the padding rows are left out (a host read, as the pack kernel's check already made): at
+        # partial occupancy they are most of the tier (9 requests in bucket 16 computed 16 rows; on the
+        # development CPU a forward of 9 rows took 71 ms, of 9 plus 7 padding rows 101 ms)
+        forwarded = target_rows if static_shapes_active() else int(packed.row_offsets[-1])
+        if 0 < forwarded < target_rows:
+            batch = ForwardBatch(packed.tokens[:forwarded], packed.positions[:forwarded], slot_ids, packed.row_offsets,
+                                 padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1)
+        else:  # (a key's warmup on an empty bucket has only padding rows)
+            forwarded = target_rows
+            batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, self._scratch_slot_id]),
+                                 torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
+                                 padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1,
+                                 padding_last=True)
         out = self.forward(batch, greedy_only=True)
+        # (a request's cells past its rows read some other row, clamped into the forwarded ones: junk, never accepted)
         grid = gather_target_tokens(_greedy(out), packed.row_offsets, self.draft_width)
         acceptance = self.kernels.accept(drafts, lengths, grid)
         if write_context and out.hidden is not None and self.draft is not None:
@@ -355,13 +365,15 @@ class ModelRunner:
             # new anchor and are overwritten before they are ever attended; padding rows sit on the
             # scratch slot, which no proposal reads. The queue was flushed by this step's proposal,
             # so writing now keeps the rows in order
-            self.draft.extend_context(out.hidden, packed.positions, packed.row_slots)
+            self.draft.extend_context(out.hidden, packed.positions[:forwarded], packed.row_slots[:forwarded])
         self.storage.commit(slot_ids, acceptance)
         # what the host reads of the step, packed here so that reading it is one copy and no op outside the key
         host_result = pack_host_result(acceptance, lengths, confidences)
         outputs = (acceptance.accepted, acceptance.committed, lengths, packed.tokens, packed.positions,
                    packed.row_slots, packed.row_offsets, host_result)
-        return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
+        if write_context or out.hidden is None:
+            return outputs
+        return (*outputs, pad_to(out.hidden, target_rows, 0))  # queued beside every packed row, padding included
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
