@@ -347,15 +347,16 @@ class ModelRunner:
         # partial occupancy they are most of the tier (9 requests in bucket 16 computed 16 rows; on the
         # development CPU a forward of 9 rows took 71 ms, of 9 plus 7 padding rows 101 ms)
         forwarded = target_rows if static_shapes_active() else int(packed.row_offsets[-1])
-        if 0 < forwarded < target_rows:
-            batch = ForwardBatch(packed.tokens[:forwarded], packed.positions[:forwarded], slot_ids, packed.row_offsets,
-                                 padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1)
-        else:  # (a key's warmup on an empty bucket has only padding rows)
+        trimmed = 0 < forwarded < target_rows  # (a key's warmup on an empty bucket has only padding rows)
+        if trimmed:
+            slots, offsets = slot_ids, packed.row_offsets
+        else:
             forwarded = target_rows
-            batch = ForwardBatch(packed.tokens, packed.positions, torch.cat([slot_ids, self._scratch_slot_id]),
-                                 torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)]),
-                                 padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1,
-                                 padding_last=True)
+            slots = torch.cat([slot_ids, self._scratch_slot_id])
+            offsets = torch.cat([packed.row_offsets, packed.row_offsets.new_full((1,), target_rows)])
+        batch = ForwardBatch(packed.tokens[:forwarded], packed.positions[:forwarded], slots, offsets,
+                             padding_slot=self.scratch_slot, max_request_rows=min(self.draft_width, spare) + 1,
+                             padding_last=not trimmed)
         out = self.forward(batch, greedy_only=True)
         # (a request's cells past its rows read some other row, clamped into the forwarded ones: junk, never accepted)
         grid = gather_target_tokens(_greedy(out), packed.row_offsets, self.draft_width)
@@ -371,9 +372,7 @@ class ModelRunner:
         host_result = pack_host_result(acceptance, lengths, confidences)
         outputs = (acceptance.accepted, acceptance.committed, lengths, packed.tokens, packed.positions,
                    packed.row_slots, packed.row_offsets, host_result)
-        if write_context or out.hidden is None:
-            return outputs
-        return (*outputs, pad_to(out.hidden, target_rows, 0))  # queued beside every packed row, padding included
+        return outputs if write_context or out.hidden is None else (*outputs, out.hidden)
 
     def verify_commit(self, drafts: torch.Tensor, lengths: torch.Tensor | None, slots: torch.Tensor,
                       request_bucket: int, target_rows: int, *, confidences: torch.Tensor, caps: torch.Tensor,
@@ -405,7 +404,8 @@ class ModelRunner:
             outputs = self._verify_fn(**inputs, target_rows=target_rows, write_context=write_context)
         accepted, committed, verified, tokens, positions, row_slots, row_offsets, host_result = outputs[:8]
         if len(outputs) > 8 and queue_context and self.draft_context is not None:
-            self.extend_draft_context(outputs[8], positions, row_slots)
+            hidden = outputs[8]  # the forwarded rows: eagerly the live ones only, the tier's padding left out
+            self.extend_draft_context(hidden, positions[: hidden.shape[0]], row_slots[: hidden.shape[0]])
         n = slots.shape[0] if live is None else live
         return (PackedRows(tokens, positions, row_slots, row_offsets[: n + 1]),
                 Acceptance(accepted[:n], committed[:n]), verified[:n], host_result[:n])

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from attrs import frozen
 
+from dspark_core.models.row_layout import slot_run
+
 
 @frozen
 class ContextCells:
@@ -40,13 +42,10 @@ class ContextCells:
         not on ``padding_slot`` repeat or span more slots than there are entries (the keys are then
         gathered). Entries on ``padding_slot`` are padding: they read back cell 0."""
         live = [entry for entry, slot in enumerate(slots) if slot != padding_slot]
-        live_slots = [slots[entry] for entry in live]
-        if not live or len(set(live_slots)) != len(live_slots):
+        run = slot_run(slots, live)
+        if run is None or run[1] > len(slots):
             return None
-        first = min(live_slots)
-        width = max(live_slots) - first + 1
-        if width > len(slots):
-            return None
+        first, width = run
         if len(live) == len(slots) and all(slot == first + entry for entry, slot in enumerate(slots)):
             return cls(first, width)  # (one request always: its slot's context as a view, no gathers)
         entry_of_cell, holds, cell_of_entry = [0] * width, [False] * width, [0] * len(slots)

@@ -41,15 +41,24 @@ def rows_of_cells(cell_of_row: torch.Tensor, placed: torch.Tensor, cells: int) -
     return row_of_cell[:cells], holds[:cells]
 
 
+def slot_run(slots: list[int], live: list[int]) -> tuple[int, int] | None:
+    """``(first slot, width)`` of the run of cache slots that the entries ``live`` of a batch on ``slots``
+    (host lists) span, or None when there are none or their slots repeat: what an in-place read of
+    the cache would cover. The callers decide how wide a run still pays."""
+    live_slots = [slots[i] for i in live]
+    if not live or len(set(live_slots)) != len(live_slots):
+        return None
+    return min(live_slots), max(live_slots) - min(live_slots) + 1
+
+
 def _slot_window(counts: list[int], slots: list[int], padding_slot: int | None) -> tuple[int, int, list[int]] | None:
     """``(first slot, width, live requests)`` of the slot window of a batch (host lists), or None
     when the live requests' slots repeat or are spread too thinly for reading in place to pay."""
     live = [i for i, (count, slot) in enumerate(zip(counts, slots)) if count > 0 and slot != padding_slot]
-    live_slots = [slots[i] for i in live]
-    if not live or len(set(live_slots)) != len(live_slots):
+    run = slot_run(slots, live)
+    if run is None or run[1] > _MAX_WINDOW_SLOTS_PER_REQUEST * len(live):
         return None
-    first, width = min(live_slots), max(live_slots) - min(live_slots) + 1
-    return (first, width, live) if width <= _MAX_WINDOW_SLOTS_PER_REQUEST * len(live) else None
+    return run[0], run[1], live
 
 
 @frozen
