@@ -81,10 +81,14 @@ def test_every_policy_is_exact_with_partly_accepted_drafts(models, prompts, refe
         assert any(o.acceptance < 1.0 for o in outputs)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["no-backend", "static-backend"])
 @pytest.mark.parametrize("policy,options", [("none", {}), ("fixed", {"k": 2}), ("adaptive", {})], ids=str)
-def test_an_eager_verify_forwards_the_live_rows_only(models, prompts, references, policy, options, monkeypatch):
+def test_an_eager_verify_forwards_the_live_rows_only(models, prompts, references, policy, options, static, monkeypatch):
     """Three requests in bucket 4: a tier's padding rows (the empty entry's and the unspent ones) would
-    be a quarter or more of every forward; an eager step leaves them out, and the output stays exact."""
+    be a quarter or more of every forward; an eager step (no graph backend, or the CPU's static one,
+    whose warmup runs every key on an empty bucket) leaves them out, and the output stays exact."""
+    from dspark_plugins.graphs.static import EagerStaticBackend
+
     target, draft = models
     batches = []
     real_forward = target.forward
@@ -94,8 +98,17 @@ def test_an_eager_verify_forwards_the_live_rows_only(models, prompts, references
         return real_forward(batch, cache, *args, **kwargs)
 
     monkeypatch.setattr(target, "forward", recording_forward)
-    engine, outputs = run(target, oracle(draft, prompts[:3], references[:3]), prompts[:3], 3, policy, options,
-                          batch=4, table=synthetic_table(3, (1, 2, 4)))
+    drafting = oracle(draft, prompts[:3], references[:3])
+    engine = Engine(target, drafting, EngineConfig(draft_width=3, policy=policy, policy_options=options,
+                                                   request_buckets=(1, 2, 4), max_model_len=160),
+                    graphs=EagerStaticBackend("cpu") if static else None)
+    drafting.engine = engine
+    engine.warmup()
+    engine.install_table(synthetic_table(3, (1, 2, 4)))
+    engine.mark_ready()
+    batches.clear()  # (a warmup on empty buckets forwards padding rows only)
+    outputs = engine.generate(prompts[:3], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    engine.close()
     assert [list(o.token_ids) for o in outputs] == references[:3]
     scratch = engine.runner.scratch_slot
     steps = [b for b in batches if scratch in b.slot_ids.tolist()]  # verify steps (a bucket entry was empty)
