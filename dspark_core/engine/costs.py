@@ -1,10 +1,18 @@
-"""Per-tier step costs from the installed table, looked up once per (bucket, KV interval)."""
+"""Per-tier step costs from the installed table, looked up once per (bucket, KV interval).
+
+The table prices full buckets: calibration times steps whose every bucket entry is live and
+whose every tier row is verified. A forward that leaves out the rows no live request uses (every
+eager step since 2026-12-07; captured ones keep static shapes) costs less than that at partial
+occupancy, by about the same seconds on every tier: priced as padded, a narrow tier (or no draft)
+looks relatively dearer than it is. :meth:`TierCosts.for_live` prices such a step by the rows it
+forwards (docs/cost-tables.md, "Steps below full occupancy").
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from dspark_core.geometry import Geometry
+from dspark_core.geometry import Geometry, full_width_rows
 
 
 class TierCosts:
@@ -14,11 +22,13 @@ class TierCosts:
         self.geometry = geometry
         self.table = None
         self._cache: dict[tuple[int, int], np.ndarray | None] = {}
+        self._live_cache: dict[tuple[int, int, int, int], tuple[np.ndarray | None, float | None]] = {}
 
     def install(self, table) -> None:
         """Install an immutable table (None removes it: every step then uses full width)."""
         self.table = table
         self._cache.clear()
+        self._live_cache.clear()
 
     def for_step(self, bucket: int, kv_length: int) -> np.ndarray | None:
         """Seconds per captured tier of ``bucket`` (NaN: tier not covered); None without a profile."""
@@ -53,3 +63,51 @@ class TierCosts:
         # fits from cost models that predate draft-off steps simply lack the method
         predict = getattr(fit.cost, "predict_draft_off_seconds", None)
         return None if predict is None else predict(bucket)
+
+    def for_live(self, bucket: int, kv_length: int, live: int, spendable: int) -> tuple[np.ndarray | None, float | None]:
+        """Per-tier seconds and the draft-off seconds of a step of ``bucket`` that forwards only the rows
+        its ``live`` requests use: their anchors, and of a tier's drafted rows no more than the
+        ``spendable`` their caps allow. Each price is the full-bucket one less what the table's rows
+        term charges for the rows left out; where the table cannot say (rows outside its probed
+        span), the full-bucket price stands."""
+        full, off = self.for_step(bucket, kv_length), self.draft_off_for_step(bucket, kv_length)
+        if full is None or self.table is None:
+            return full, off
+        fit = self.table.fit_for(kv_length)
+        tiers = self.geometry.rows_for(bucket)
+        spendable = min(spendable, full_width_rows(bucket, self.geometry.draft_width) - bucket)
+        key = (bucket, self.table.fits.index(fit), live, spendable)
+        if key not in self._live_cache:
+            values = full.copy()
+            for index, tier in enumerate(tiers):
+                saved = self._rows_seconds(fit, live + min(tier - bucket, spendable), tier)
+                if saved is not None:
+                    values[index] -= saved
+            saved = None if off is None else self._rows_seconds(fit, live, bucket)
+            live_off = off if off is None or saved is None else off - saved
+            if live_off is not None and np.isfinite(values).any():
+                # the same floor as for_step: a drafted step forwards at least the draft-off rows
+                values = values + max(0.0, live_off - float(np.nanmin(values)))
+            self._live_cache[key] = (values, live_off)
+        return self._live_cache[key]
+
+    def _rows_seconds(self, fit, low: int, high: int) -> float | None:
+        """What the fitted cost adds from ``low`` to ``high`` target rows (0 when they are equal), or None
+        where the fit does not cover them. A bucket prices only the rows it can run (its own count up to
+        its full width), so the span is walked in pieces, each priced in the largest bucket that runs
+        its lower end."""
+        total, rows = 0.0, low
+        buckets = sorted(self.geometry.request_buckets)
+        while rows < high:
+            bucket = max((b for b in buckets if b <= rows), default=None)
+            if bucket is None:
+                return None
+            top = min(high, full_width_rows(bucket, self.geometry.draft_width))
+            if top <= rows:  # no bucket runs this many rows (buckets far apart)
+                return None
+            start, end = fit.cost.predict_seconds(bucket, rows), fit.cost.predict_seconds(bucket, top)
+            if start is None or end is None:
+                return None
+            total += end - start
+            rows = top
+        return total

@@ -64,10 +64,7 @@ class StepPlanner:
         assert bucket is not None, "the scheduler runs at most the largest bucket's requests"
         kv = max(r.length for r in running) + kv_reserve(width)
         tiers = self.geometry.rows_for(bucket)
-        draft_off_cost = self.costs.draft_off_for_step(bucket, kv) if bucket in tiers else None
         depth = self.runner.depth_for(bucket, policy)
-        ctx = TierContext(bucket, n, width, tiers, self.costs.for_step(bucket, kv), draft_off_cost)
-        device = self.runner.device
         # verifying past max_tokens is wasted work: the bonus token always commits, and so does at
         # least one token of each launched step the host has not processed yet
         pending = pending or {}
@@ -77,6 +74,14 @@ class StepPlanner:
             # copies fill all K positions, but a request verifying past the depth makes an attention
             # band of its own on the CPU, which the table's price by rows does not hold
             cap_values = np.minimum(cap_values, depth)
+        if self.runner.forwards_live_rows:  # priced by the rows the forward runs, not the padded tier
+            tier_costs, draft_off_cost = self.costs.for_live(bucket, kv, n, int(cap_values.sum()))
+        else:
+            tier_costs, draft_off_cost = self.costs.for_step(bucket, kv), self.costs.draft_off_for_step(bucket, kv)
+        if bucket not in tiers:
+            draft_off_cost = None
+        ctx = TierContext(bucket, n, width, tiers, tier_costs, draft_off_cost)
+        device = self.runner.device
         lag = policy.tier_lag
         if lag == 1:
             self._take_early_proposal(index - 1)

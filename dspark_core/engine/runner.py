@@ -314,6 +314,12 @@ class ModelRunner:
             return True
         return drafted and self.draft_context is not None and self.draft_context.rows == 0
 
+    @property
+    def forwards_live_rows(self) -> bool:
+        """Whether a verify forward leaves out the tier rows no live request uses (see ``_verify_fn``):
+        where its keys run eagerly, i.e. with no graph backend or one that records no device graphs."""
+        return self.graphs is None or not self.graphs.records
+
     def _verify_fn(self, drafts: torch.Tensor, lengths: torch.Tensor, confidences: torch.Tensor, caps: torch.Tensor,
                    draft_rows: torch.Tensor, slot_ids: torch.Tensor, *, target_rows: int,
                    write_context: bool) -> tuple[torch.Tensor, ...]:
