@@ -24,10 +24,10 @@ WIDTH = 5
 PER_ROW = 0.001  # draft_off_table: a drafted step costs 20 ms + 1 ms per target row
 
 
-def installed(buckets=(1, 2, 4)) -> tuple[TierCosts, Geometry]:
+def installed(buckets=(1, 2, 4), model: str = "additive") -> tuple[TierCosts, Geometry]:
     geometry = Geometry.all_tiers(WIDTH, buckets)
     costs = TierCosts(geometry)
-    costs.install(draft_off_table(WIDTH, buckets, per_row=PER_ROW))
+    costs.install(draft_off_table(WIDTH, buckets, per_row=PER_ROW, model=model))
     return costs, geometry
 
 
@@ -64,6 +64,12 @@ def test_rows_the_fit_cannot_price_keep_the_full_bucket_price():
     assert off == costs.draft_off_for_step(2, 100)  # draft-off forwards one row
     assert tiers[0] == full[0]  # so does the tier without drafted rows
     assert tiers[1] == pytest.approx(full[1] - PER_ROW, abs=1e-9)  # two rows are priced in bucket 2
+    # buckets far apart: bucket 1 runs at most 6 rows, so 7 live requests of bucket 8 have no price
+    # (sps: additive cannot fit two buckets that share no row count)
+    costs, _ = installed(buckets=(1, 8), model="sps")
+    tiers, off = costs.for_live(8, 100, 7, 0)
+    assert off == costs.draft_off_for_step(8, 100)
+    np.testing.assert_array_equal(tiers, costs.for_step(8, 100))
 
 
 CFG = tiny_target_config(max_position=256)
