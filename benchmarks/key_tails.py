@@ -38,10 +38,11 @@ def pair_arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def paired_engines(args: argparse.Namespace, variants: tuple[str, str]):
-    """Every policy of :data:`POLICIES` once per variant (labels ``policy@variant``), on one target."""
+def paired_engines(args: argparse.Namespace, variants: tuple[str, str], policies: dict | None = None):
+    """Every policy of ``policies`` (default :data:`POLICIES`) once per variant (labels ``policy@variant``),
+    on one target."""
     target, _ = load_models(None)
-    specs = {f"{label}@{variant}": spec for label, spec in POLICIES.items() for variant in variants}
+    specs = {f"{label}@{variant}": spec for label, spec in (policies or POLICIES).items() for variant in variants}
     return side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, cpu_draft_dtype("auto")),
                                 max_model_len=2048, draft_depths=args.draft_depths)
 

@@ -14,9 +14,8 @@ variants show the noise floor. Outputs must be identical.
 
 from __future__ import annotations
 
-import torch
-from common import cpu_draft_dtype, decode_in_turns, load_models, paired_rows, set_threads, side_by_side_engines, write_results
-from key_tails import pair_arguments
+from common import decode_in_turns, paired_rows, set_threads, write_results
+from key_tails import pair_arguments, paired_engines
 
 from dspark_core.prompts import read_prompts_jsonl
 
@@ -31,10 +30,7 @@ def main() -> None:
     names = args.policies.split(",")
     if "none" not in names or any(name not in POLICIES for name in names):
         parser.error(f"--policies: choose from {sorted(POLICIES)}, target-only (none) included")
-    target, _ = load_models(None)
-    specs = {f"{name}@{variant}": POLICIES[name] for name in names for variant in ("padded", "live")}
-    engines = side_by_side_engines(target, specs, table_path=args.table, draft_dtype=getattr(torch, cpu_draft_dtype("auto")),
-                                   max_model_len=2048, draft_depths=args.draft_depths)
+    engines = paired_engines(args, ("padded", "live"), {name: POLICIES[name] for name in names})
     for label, engine in engines.items():
         if label.endswith("@padded"):  # the prices of 118ec90..c100131: full buckets whatever runs
             costs = engine.costs

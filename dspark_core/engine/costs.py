@@ -70,26 +70,32 @@ class TierCosts:
         ``spendable`` their caps allow. Each price is the full-bucket one less what the table's rows
         term charges for the rows left out; where the table cannot say (rows outside its probed
         span), the full-bucket price stands."""
-        full, off = self.for_step(bucket, kv_length), self.draft_off_for_step(bucket, kv_length)
-        if full is None or self.table is None:
-            return full, off
-        fit = self.table.fit_for(kv_length)
-        tiers = self.geometry.rows_for(bucket)
+        fit = None if self.table is None else self.table.fit_for(kv_length)
+        if fit is None:
+            return None, None
         spendable = min(spendable, full_width_rows(bucket, self.geometry.draft_width) - bucket)
-        key = (bucket, self.table.fits.index(fit), live, spendable)
+        key = (bucket, self.table.fits.index(fit), live, spendable)  # (one lookup per step once cached)
         if key not in self._live_cache:
-            values = full.copy()
-            for index, tier in enumerate(tiers):
-                saved = self._rows_seconds(fit, live + min(tier - bucket, spendable), tier)
-                if saved is not None:
-                    values[index] -= saved
-            saved = None if off is None else self._rows_seconds(fit, live, bucket)
-            live_off = off if off is None or saved is None else off - saved
-            if live_off is not None and np.isfinite(values).any():
-                # the same floor as for_step: a drafted step forwards at least the draft-off rows
-                values = values + max(0.0, live_off - float(np.nanmin(values)))
-            self._live_cache[key] = (values, live_off)
+            self._live_cache[key] = self._price_live(fit, bucket, kv_length, live, spendable)
         return self._live_cache[key]
+
+    def _price_live(self, fit, bucket: int, kv_length: int, live: int,
+                    spendable: int) -> tuple[np.ndarray | None, float | None]:
+        """What :meth:`for_live` returns for one (bucket, fit, live, spendable), computed once."""
+        full, off = self.for_step(bucket, kv_length), self.draft_off_for_step(bucket, kv_length)
+        if full is None:
+            return None, off
+        values = full.copy()
+        for index, tier in enumerate(self.geometry.rows_for(bucket)):
+            saved = self._rows_seconds(fit, live + min(tier - bucket, spendable), tier)
+            if saved is not None:
+                values[index] -= saved
+        saved = None if off is None else self._rows_seconds(fit, live, bucket)
+        live_off = off if off is None or saved is None else off - saved
+        if live_off is not None and np.isfinite(values).any():
+            # the same floor as for_step: a drafted step forwards at least the draft-off rows
+            values = values + max(0.0, live_off - float(np.nanmin(values)))
+        return values, live_off
 
     def _rows_seconds(self, fit, low: int, high: int) -> float | None:
         """What the fitted cost adds from ``low`` to ``high`` target rows (0 when they are equal), or None
@@ -97,9 +103,8 @@ class TierCosts:
         its full width), so the span is walked in pieces, each priced in the largest bucket that runs
         its lower end."""
         total, rows = 0.0, low
-        buckets = sorted(self.geometry.request_buckets)
         while rows < high:
-            bucket = max((b for b in buckets if b <= rows), default=None)
+            bucket = max((b for b in self.geometry.request_buckets if b <= rows), default=None)
             if bucket is None:
                 return None
             top = min(high, full_width_rows(bucket, self.geometry.draft_width))
