@@ -144,18 +144,23 @@ def write_results(path: str | None, script: str, meta: dict, results: list[dict]
     Path(path).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 
 
-def decode_in_turns(engines: dict, prompts: list, concurrency: int, max_tokens: int, before_step=None):
+def decode_in_turns(engines: dict, prompts: list, concurrency: int, max_tokens: int, before_step=None,
+                    after_step=None):
     """Every engine decodes every prompt (at most ``concurrency`` at a time, a finished request replaced by
-    the next prompt), the engines taking turns one ``step()`` at a time, the order rotated by one every
-    turn; ``before_step(label)`` runs before each of an engine's steps, untimed. Returns per label the
-    outputs' token ids in prompt order and the summed seconds of the engine's own steps.
+    the next prompt), the engines taking turns one ``step()`` at a time in an order shuffled every turn
+    (``turn_order``). ``before_step(label)`` runs before each of an engine's steps (the untimed
+    first-call one too) and ``after_step(label, seconds, admitted)`` after each measured one
+    (``admitted``: the step took new requests), both untimed. Returns per label the outputs' token ids in prompt order and the summed
+    seconds of the engine's own steps.
 
-    The rotation matters: the first engine to run a new shape pays the process's one-time costs for it
-    (kernel primitives are cached process-wide), so in a fixed order the first engine ran 3-4 % slower
-    than identical engines after it (three identical adaptive engines, 12 requests, held-out prompts)."""
+    The order matters: the first engine to run a new shape pays the process's one-time costs for it
+    (kernel primitives are cached process-wide), so in a fixed order the first of three identical
+    adaptive engines ran 3-4 % slower than the others (12 requests, held-out prompts); rotated by one
+    every turn, target-only engines that always followed their twin ran 0.2-1.9 % faster than the twin
+    (five runs; shuffled, 0.5 % slower in two)."""
     import time
 
-    from dspark_core.bench.run import round_order
+    from dspark_core.bench.run import turn_order
     from dspark_core.engine.request import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens)
@@ -169,19 +174,23 @@ def decode_in_turns(engines: dict, prompts: list, concurrency: int, max_tokens: 
         engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
     turn = 0
     while any(queues[label] or live[label] for label in engines):
-        for label in round_order(list(engines), turn, len(engines)):
+        for label in turn_order(list(engines), turn):
             engine = engines[label]
             if not (queues[label] or live[label]):
                 continue
             if before_step is not None:
                 before_step(label)
+            admitted = live[label] < concurrency and bool(queues[label])
             while live[label] < concurrency and queues[label]:
                 index, prompt = queues[label].pop(0)
                 order[label][engine.add_request(prompt, params).request_id] = index
                 live[label] += 1
             started = time.perf_counter()
             finished = engine.step()
-            seconds[label] += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            seconds[label] += elapsed
+            if after_step is not None:
+                after_step(label, elapsed, admitted)
             for output in finished:
                 outputs[label][order[label][output.request_id]] = output.token_ids
                 live[label] -= 1

@@ -4,9 +4,10 @@ Every policy gets its own engine (sharing the target's weights; each has its
 own draft, whose context cache is per instance) and
 its own copy of the same prompt queue; at most ``--concurrency`` requests run
 in each, and a finished request is replaced by the next prompt, as in a
-server. The engines take turns one ``step()`` at a time without schedule
-overlap, so each step's whole work, prefill included, lands inside its own
-call and a burst of machine noise falls on every policy alike. Throughput is
+server. The engines take turns one ``step()`` at a time, in an order shuffled
+every turn (``common.decode_in_turns``), without schedule overlap, so each step's
+whole work, prefill included, lands inside its own call and a burst of machine
+noise falls on every policy alike. Throughput is
 output tokens over the summed wall time of the policy's own steps.
 
 This answers "is policy A faster than B on this workload" far more steadily
@@ -36,13 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
-from common import (add_draft_dtype_argument, cpu_draft_dtype, load_models, mtbench_chats, policy_specs,
-                    set_threads, side_by_side_engines, write_results)
+from common import (add_draft_dtype_argument, cpu_draft_dtype, decode_in_turns, load_models, mtbench_chats,
+                    policy_specs, set_threads, side_by_side_engines, write_results)
 
-from dspark_core.engine.request import SamplingParams
 from dspark_core.prompts import read_prompts_jsonl
 
 
@@ -143,53 +142,38 @@ def main() -> None:
             engines[f"{label}@{args.also_dtype}"] = engine
             own_reference[f"{label}@{args.also_dtype}"] = f"none@{args.also_dtype}"
     specs = {label: specs[label.split("@")[0]] for label in engines}
-    params = SamplingParams(max_tokens=args.max_tokens)
-    queues, live, seconds, outputs, reports = {}, {}, {}, {}, {}
+    reports: dict[str, list] = {label: [] for label in specs}  # every step's report, the first-call ones too
+    measured: dict[str, list] = {label: [] for label in specs}  # the reports of the measured steps
     step_times: dict[str, dict[str, list[float]]] = {label: {} for label in specs}  # kind → seconds per step()
-    order: dict[str, dict[str, int]] = {label: {} for label in specs}  # request id → prompt index
     for label, engine in engines.items():
-        engine.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs, not measured
-        reports[label] = []
         engine.add_observer(reports[label].append)
-        queues[label], live[label] = list(enumerate(prompts)), 0
-        seconds[label], outputs[label] = 0.0, {}
-    while any(queues[label] or live[label] for label in engines):
-        for label, engine in engines.items():
-            if not (queues[label] or live[label]):
-                continue
-            admitted = live[label] < args.concurrency and bool(queues[label])
-            while live[label] < args.concurrency and queues[label]:
-                index, prompt = queues[label].pop(0)
-                order[label][engine.add_request(prompt, params).request_id] = index
-                live[label] += 1
-            reported = len(reports[label])
-            started = time.perf_counter()
-            finished = engine.step()
-            elapsed = time.perf_counter() - started
-            seconds[label] += elapsed
-            kind = step_kind(reports[label][reported:], args.concurrency, admitted, args.by_shape)
-            step_times[label].setdefault(kind, []).append(elapsed)
-            for output in finished:
-                outputs[label][order[label][output.request_id]] = output.token_ids
-                live[label] -= 1
+    cursor = dict.fromkeys(engines, 0)
 
-    def ordered(label: str) -> list[list[int]]:
-        return [outputs[label][i] for i in range(len(prompts))]
+    def before_step(label: str) -> None:
+        cursor[label] = len(reports[label])
+
+    def after_step(label: str, elapsed: float, admitted: bool) -> None:
+        new_reports = reports[label][cursor[label]:]
+        measured[label].extend(new_reports)
+        kind = step_kind(new_reports, args.concurrency, admitted, args.by_shape)
+        step_times[label].setdefault(kind, []).append(elapsed)
+
+    token_ids, seconds = decode_in_turns(engines, prompts, args.concurrency, args.max_tokens, before_step, after_step)
 
     def rate(label: str) -> float:
-        return sum(len(ids) for ids in outputs[label].values()) / seconds[label]
+        return sum(len(ids) for ids in token_ids[label]) / seconds[label]
 
     results = []
     for label in engines:
-        tokens = sum(len(ids) for ids in outputs[label].values())
-        steps = reports[label]
+        tokens = sum(len(ids) for ids in token_ids[label])
+        steps = measured[label]
         row = {"policy": label, "tokens": tokens, "seconds": round(seconds[label], 2),
                "tokens_per_s": round(tokens / seconds[label], 2),
                "vs_target_only": round(rate(label) / rate("none"), 3),
                "vs_own_target_only": round(rate(label) / rate(own_reference[label]), 3),
                "decode_steps": len(steps),
                "rows_per_request": round(sum(r.target_rows for r in steps) / max(1, sum(r.live_requests for r in steps)), 2),
-               "identical": ordered(label) == ordered(own_reference[label]),
+               "identical": token_ids[label] == token_ids[own_reference[label]],
                "step_ms": {kind: {"steps": len(times), "median": round(1000 * statistics.median(times), 2),
                                   "mean": round(1000 * statistics.fmean(times), 2)}
                            for kind, times in sorted(step_times[label].items())}}

@@ -10,7 +10,7 @@ import torch
 
 from dspark_core.bench.exactness import TIE_MARGIN, classify, compare, hold_top_two, next_logits, tie_margin_for
 from dspark_core.bench.report import add_ratios, exactness, markdown, summarize
-from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order
+from dspark_core.bench.run import CellRecord, RequestRecord, pool, round_order, turn_order
 from dspark_core.cli import main
 from dspark_core.engine.request import SamplingParams
 from dspark_core.errors import ConfigError
@@ -206,6 +206,20 @@ def test_round_order_rotates_every_policy_through_different_places():
     for name in names:
         assert len({o.index(name) for o in orders}) == 3  # a different place each round
     assert [o[0] for o in orders] == ["adaptive", "fixed-k2", "fixed-k6"]
+
+
+def test_turn_order_changes_every_engines_neighbours_and_is_reproducible():
+    """A rotation by one keeps each engine behind the same neighbour; the shuffled turn order must not."""
+    names = ["none@padded", "none@live", "adaptive@padded", "adaptive@live"]
+    orders = [turn_order(names, turn) for turn in range(200)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert orders == [turn_order(names, turn) for turn in range(200)]  # seeded by the turn
+    for name in names:
+        first = sum(o[0] == name for o in orders)
+        assert 25 <= first <= 75  # each goes first about a quarter of the turns
+        behind = [o[o.index(name) - 1] for o in orders if o.index(name) > 0]
+        for other in set(names) - {name}:  # and follows each other engine about a third of its turns
+            assert 0.2 < behind.count(other) / len(behind) < 0.47
 
 
 def test_exactness_reports_mismatches():

@@ -6,8 +6,11 @@ shared machine falls on whichever policy is running then (rounds moved the
 ratios by 10-20 % on the project's 2-core CPU). With ``--interleave`` every
 policy gets an engine of its own (same target weights and cost table, its own
 KV cache and draft instance) and the engines take turns one ``step()`` at a
-time, the order rotated by one every turn, so a burst of noise lands on every
-policy within a few hundred milliseconds of each other.
+time, so a burst of noise lands on every policy within a few hundred
+milliseconds of each other. The order is shuffled every turn
+(:func:`~dspark_core.bench.run.turn_order`): an engine that always followed the
+same neighbour would always find that neighbour's shapes warm, or pay for new
+ones first.
 
 Each engine keeps its own clock, which only runs during its own steps: a
 request is submitted, gets its first token and finishes at that clock's
@@ -23,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dspark_core.bench.run import WARMUP_TOKENS, CellRecord, ClosedLoop, round_order, run_cell, sweep
+from dspark_core.bench.run import WARMUP_TOKENS, CellRecord, ClosedLoop, run_cell, sweep, turn_order
 from dspark_core.policy import BudgetPolicy
 
 
@@ -73,7 +76,7 @@ def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[st
     turn = 0
     try:
         while not all(loop.done for loop in loops.values()):
-            for name in round_order(names, turn, len(names)):  # rotated by one every turn
+            for name in turn_order(names, turn):  # shuffled every turn
                 loop = loops[name]
                 if loop.done:
                     continue

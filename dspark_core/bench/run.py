@@ -10,6 +10,7 @@ alike and the spread of a ratio over the rounds shows how noisy it is.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -194,6 +195,18 @@ def round_order(names: Sequence[str], round_index: int, rounds: int) -> list[str
     names = list(names)
     offset = (round_index * len(names)) // max(rounds, 1) % max(len(names), 1)
     return names[offset:] + names[:offset]
+
+
+def turn_order(names: Sequence[str], turn: int) -> list[str]:
+    """The order engines step in on ``turn`` of a run in turns: a permutation of ``names`` drawn from a
+    generator seeded by the turn, so it is reproducible and every engine's neighbours change from turn
+    to turn. An engine runs a little faster right after one that ran the same shapes (kernel
+    primitives and caches are warm), and the first to meet a new shape pays its one-time costs; under
+    a fixed order or a rotation by one, those effects fall on the same engines every turn (in such a
+    run two identical engines differed by 1-4 %)."""
+    order = list(names)
+    random.Random(turn).shuffle(order)
+    return order
 
 
 WARMUP_TOKENS = 8
