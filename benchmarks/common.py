@@ -150,14 +150,14 @@ def decode_in_turns(engines: dict, prompts: list, concurrency: int, max_tokens: 
     the next prompt), the engines taking turns one ``step()`` at a time in an order shuffled every turn
     (``turn_order``). ``before_step(label)`` runs before each of an engine's steps (the untimed
     first-call one too) and ``after_step(label, seconds, admitted)`` after each measured one
-    (``admitted``: the step took new requests), both untimed. Returns per label the outputs' token ids in prompt order and the summed
-    seconds of the engine's own steps.
+    (``admitted``: the step took new requests), both untimed. Returns per label the outputs' token
+    ids in prompt order and the summed seconds of the engine's own steps.
 
     The order matters: the first engine to run a new shape pays the process's one-time costs for it
-    (kernel primitives are cached process-wide), so in a fixed order the first of three identical
-    adaptive engines ran 3-4 % slower than the others (12 requests, held-out prompts); rotated by one
-    every turn, target-only engines that always followed their twin ran 0.2-1.9 % faster than the twin
-    (five runs; shuffled, 0.5 % slower in two)."""
+    (kernel primitives are cached process-wide), so in a fixed order the second and third of three
+    identical adaptive engines ran 2.3-4.5 % faster than the first (12 requests, held-out prompts);
+    rotated by one every turn, a target-only engine that always followed its twin ran 0.2-1.9 % faster
+    than the twin (five runs; shuffled, -0.7 to +0.6 %; results/amx/README.md)."""
     import time
 
     from dspark_core.bench.run import turn_order

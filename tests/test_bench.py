@@ -211,9 +211,10 @@ def test_round_order_rotates_every_policy_through_different_places():
 def test_turn_order_changes_every_engines_neighbours_and_is_reproducible():
     """A rotation by one keeps each engine behind the same neighbour; the shuffled turn order must not."""
     names = ["none@padded", "none@live", "adaptive@padded", "adaptive@live"]
-    orders = [turn_order(names, turn) for turn in range(200)]
+    orders = [turn_order(names, turn, "c16r0") for turn in range(200)]
     assert all(sorted(o) == sorted(names) for o in orders)
-    assert orders == [turn_order(names, turn) for turn in range(200)]  # seeded by the turn
+    assert orders == [turn_order(names, turn, "c16r0") for turn in range(200)]  # seeded by the run and turn
+    assert orders != [turn_order(names, turn, "c16r1") for turn in range(200)]  # another round, other orders
     for name in names:
         first = sum(o[0] == name for o in orders)
         assert 25 <= first <= 75  # each goes first about a quarter of the turns

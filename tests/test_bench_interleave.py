@@ -68,6 +68,32 @@ def test_each_policy_is_charged_only_its_own_steps():
         engine.close()
 
 
+def test_engines_step_in_the_shuffled_turn_order_of_their_round():
+    """Every turn of a round steps the engines in ``turn_order`` for that round, not a fixed rotation."""
+    from dspark_core.bench.run import turn_order
+
+    target, _ = tiny_pair()
+    names = ["a", "b", "c", "d"]
+    engines = {name: engine_for(target, None, "none", {}) for name in names}  # same work: all end together
+    stepped: list[str] = []
+    for name, engine in engines.items():
+        def step(engine=engine, name=name, plain=engine.step):
+            stepped.append(name)
+            return plain()
+        engine.step = step
+    policies = {name: engine.policy for name, engine in engines.items()}
+    run_interleaved(engines, policies, random_prompts(2, seed=5), [2], [2], 6, 2)
+    turns = [stepped[i : i + 4] for i in range(0, len(stepped), 4)]
+    per_round = len(turns) // 2
+    assert len(turns) == 2 * per_round > 4
+    for r in range(2):
+        want = [turn_order(names, t, f"c2r{r}") for t in range(per_round)]
+        assert turns[r * per_round : (r + 1) * per_round] == want
+    assert len({tuple(t) for t in turns}) > 2  # the order changes from turn to turn
+    for engine in engines.values():
+        engine.close()
+
+
 def test_interleaving_refuses_overlapped_engines_and_mismatched_labels():
     target, draft = tiny_pair()
     overlapped = engine_for(target, draft, "fixed", {"k": 2}, overlap=True)

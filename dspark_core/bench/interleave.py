@@ -1,4 +1,4 @@
-"""Policies side by side in turns: one engine per policy, one decode step each, round robin.
+"""Policies side by side in turns: one engine per policy, one decode step each, in a shuffled order.
 
 ``dspark-core bench`` runs every (policy, concurrency) cell on one engine, one
 cell after another, so a cell lasts a minute or more and a slow stretch of a
@@ -58,7 +58,8 @@ def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: 
                          CellRecord("warmup", concurrency))
 
     def one_round(r: int, indices: list[int], concurrency: int) -> Iterable[tuple[str, CellRecord]]:
-        cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies, finished)
+        cells = _one_round(engines, policies, names, prompts, indices, concurrency, max_tokens, copies, finished,
+                           run=f"c{concurrency}r{r}")
         if progress is not None:
             progress(f"c={concurrency} round {r + 1}/{rounds} (interleaved)")
         return cells.items()
@@ -68,7 +69,8 @@ def run_interleaved(engines: dict[str, Any], policies: dict[str, Any], prompts: 
 
 def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[str], prompts: Sequence[Any],
                indices: list[int], concurrency: int, max_tokens: int,
-               copies: dict[str, bool] | None, finished: Callable[[int], None] | None) -> dict[str, CellRecord]:
+               copies: dict[str, bool] | None, finished: Callable[[int], None] | None,
+               run: str = "") -> dict[str, CellRecord]:
     loops = {name: ClosedLoop(engines[name], policies[name], prompts, indices, concurrency, max_tokens,
                               CellRecord(name, concurrency), None if copies is None else copies[name])
              for name in names}
@@ -76,7 +78,7 @@ def _one_round(engines: dict[str, Any], policies: dict[str, Any], names: list[st
     turn = 0
     try:
         while not all(loop.done for loop in loops.values()):
-            for name in turn_order(names, turn):  # shuffled every turn
+            for name in turn_order(names, turn, run):  # shuffled every turn, differently every round
                 loop = loops[name]
                 if loop.done:
                     continue

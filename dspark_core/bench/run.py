@@ -197,15 +197,15 @@ def round_order(names: Sequence[str], round_index: int, rounds: int) -> list[str
     return names[offset:] + names[:offset]
 
 
-def turn_order(names: Sequence[str], turn: int) -> list[str]:
+def turn_order(names: Sequence[str], turn: int, run: str = "") -> list[str]:
     """The order engines step in on ``turn`` of a run in turns: a permutation of ``names`` drawn from a
-    generator seeded by the turn, so it is reproducible and every engine's neighbours change from turn
-    to turn. An engine runs a little faster right after one that ran the same shapes (kernel
-    primitives and caches are warm), and the first to meet a new shape pays its one-time costs; under
-    a fixed order or a rotation by one, those effects fall on the same engines every turn (in such a
-    run two identical engines differed by 1-4 %)."""
+    generator seeded by ``run`` (which names the run, e.g. its round) and the turn, so it is
+    reproducible and every engine's neighbours change from turn to turn. An engine runs a little
+    faster right after one that ran the same shapes (kernel primitives and caches are warm), and the
+    first to meet a new shape pays its one-time costs; under a fixed order or a rotation by one, those
+    effects fall on the same engines every turn (identical engines then differed by up to 4.5 %)."""
     order = list(names)
-    random.Random(turn).shuffle(order)
+    random.Random(f"{run}:{turn}").shuffle(order)  # (a str seed is hashed with sha512: stable across processes)
     return order
 
 
