@@ -20,9 +20,12 @@ from dspark_core.errors import ConfigError
 REQUIRED = "(required)"
 
 
-def flag(default: Any, help: str, *, choices: Sequence[Any] | None = None, group: str = "general") -> Any:
-    """Declare a config field together with its CLI documentation."""
-    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None, "group": group})
+def flag(default: Any, help: str, *, choices: Sequence[Any] | None = None, group: str = "general",
+         kind: str | None = None) -> Any:
+    """Declare a config field together with its CLI documentation; ``kind`` names its type in the
+    CLI reference where the annotation alone would misname it (an optional string that is no path)."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None,
+                                            "group": group, "kind": kind})
 
 
 def parse_bool(text: str) -> bool:
@@ -61,12 +64,12 @@ class ServeConfig:
     host: str = flag("127.0.0.1", "Address the HTTP server listens on.", group="http")
     port: int = flag(8000, "Port the HTTP server listens on (0: a free port, named in the log). It is held from startup, so a port in use fails at once.", group="http")
     max_pending_requests: int = flag(256, "Requests admitted at once (running + waiting); more get 429.", group="http")
-    served_model_name: str | None = flag(None, "Model name in the API (`model` field); defaults to the --model value's name.", group="http")
+    served_model_name: str | None = flag(None, "Model name in the API (`model` field); defaults to the --model value's name.", group="http", kind="string")
     log_requests: bool = flag(True, "Log one structured `request` event per ended request (status, prompt and output tokens, seconds, time to first token, finish reason, accepted length per step; the error for refusals); `false` turns this access log off.", group="http")
     # --- speculative decoding ---
     speculative_algorithm: str = flag("DSpark", "Speculative algorithm; `none` serves the target alone.", choices=["DSpark", "none"], group="speculative")
     num_speculative_tokens: int = flag(7, "Draft width K: tokens drafted per request per step. Adaptive DSpark supports 5 or 7.", group="speculative")
-    draft_sampling_mode: str = flag("greedy", "How the draft picks its tokens. Adaptive DSpark requires `greedy`.", choices=["greedy", "sample"], group="speculative")
+    draft_sampling_mode: str = flag("greedy", "How the draft picks its tokens. dspark-core decodes greedily: only `greedy` runs, and `sample` is refused at startup.", choices=["greedy", "sample"], group="speculative")
     enable_adaptive_speculative_decode: bool = flag(True, "Choose each step's verify budget from confidences and calibrated costs (false: always verify all K).", group="speculative")
     copy_proposals: str = flag("auto", "Copy proposals (prompt lookup): where the request's last tokens occurred before in its prompt or output, the tokens that followed lead the draft's block. `auto`: as the draft's config says (the shipped SmolLM2 draft: on, keys of 6 down to 2 tokens); `on`: the draft's keys or 6 down to 2; `off`: the draft alone. Never changes greedy output, only how many tokens a step commits.", choices=["auto", "on", "off"], group="speculative")
     draft_depths: str = flag("auto", "Tokens the draft proposes per request at each request bucket, where fewer than K: its block is cut after them, so a proposal costs less where steps verify only a request's first few drafted tokens. `auto`: the device's default (CPU: 4 from 4 requests on, 2 from 16 on; other devices: K everywhere); `full`: K everywhere; or bucket:depth pairs such as `8:4,16:2` (other buckets K). A policy that always verifies more than a bucket's depth (fixed k) gets all K there. Never changes greedy output, only what a step costs and what it can accept. Part of a saved cost table's fingerprint.", group="speculative")
@@ -108,6 +111,8 @@ def config_fields() -> tuple[attrs.Attribute, ...]:
 
 def type_name(attribute: attrs.Attribute) -> str:
     """A human name for a field's type, used by the parser and the CLI reference."""
+    if attribute.metadata.get("kind"):
+        return str(attribute.metadata["kind"])
     text = str(attribute.type)
     if "tuple" in text:
         return "string (repeatable)"

@@ -137,8 +137,8 @@ class CalibrationSettings:
         if not self.contexts:
             raise ConfigError("contexts must hold at least one interval")
         check_contexts(self.contexts)
-        for name in ("warmup_steps", "window_steps", "windows_per_point"):
-            low = 0 if name == "warmup_steps" else 1
+        for name in ("warmup_steps", "window_steps", "windows_per_point", "token_seed"):
+            low = 1 if name in ("window_steps", "windows_per_point") else 0  # (numpy's seeds are >= 0)
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
         self._check_rows()

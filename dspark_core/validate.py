@@ -90,6 +90,11 @@ def _basic_problems(c: ServeConfig) -> list[str]:
         problems.append(f"port={c.port}: must be in 0..65535")
     if c.speculative and c.num_speculative_tokens < 1:
         problems.append(f"num_speculative_tokens={c.num_speculative_tokens}: must be >= 1 with DSpark")
+    if c.speculative and not c.adaptive and c.draft_sampling_mode != "greedy":
+        # fixed-width decoding keeps its own contract, but this engine's drafts only propose greedily:
+        # accepting the flag would silently run greedy drafts instead
+        problems.append(f"draft_sampling_mode={c.draft_sampling_mode}: not implemented; dspark-core drafts and "
+                        "verifies greedily (draft_sampling_mode=greedy)")
     if c.adaptive_dspark_cost_table and c.adaptive_dspark_calibration:
         problems.append(
             "adaptive_dspark_cost_table and adaptive_dspark_calibration are exclusive: a saved table skips calibration"

@@ -104,6 +104,13 @@ def test_file_overrides_and_keeps_omitted_defaults(tmp_path):
     ({"request_buckets": [1], "target_graph_rows": {"1": [1, 8, 9]}}, r"8\), 8 rows|outside its legal range|not captured tiers"),
     ({"request_buckets": [1, 2], "target_graph_rows": {"1": [1, 4], "2": [2, 4, 16]}}, "lacks full-width coverage; add bucket 1 at 8 rows"),
     ({"request_buckets": [1, 2], "target_graph_rows": {"1": [1, 8], "2": [2, 16]}}, "not connected through shared target-row values"),
+    # a bucket left out of a per-bucket mapping would go unprobed (and fall back to full width)
+    ({"request_buckets": [1, 2], "target_graph_rows": {"1": [1, 8]}},
+     r"no rows for request buckets 2 \(full width 16\)"),
+    # a shared row list's value that no bucket runs would be dropped for every bucket
+    ({"request_buckets": [1, 2], "target_graph_rows": [1, 2, 8, 16, 500]},
+     r"target_graph_rows \[500\] fit no request bucket's tiers at K=7 \(bucket b runs b..\(K\+1\)\*b rows: 1..8, 2..16\)"),
+    ({"token_seed": -1}, "token_seed must be >= 0, got -1"),  # (before any warmup, not at numpy's seeding)
     ({"contexts": [{"prefill_tokens": 100, "min_kv_length": 1, "max_kv_length": 2000},
                    {"prefill_tokens": 1900, "min_kv_length": 1500, "max_kv_length": 4000}]}, "context intervals overlap"),
     ({"contexts": [{"prefill_tokens": 100, "min_kv_length": 1, "max_kv_length": 9000}]}, "exceeds the context limit 8192"),

@@ -107,7 +107,24 @@ def test_each_adaptive_rule_has_its_message(rule):
         check_config(config)
     # fixed-width DSpark and target-only serving keep their own contract
     assert config_problems(parse_serve_args(VALID + [flag, "--enable_adaptive_speculative_decode=false"])) == [] \
-        or rule == "_width"
+        or rule in ("_width", "_greedy")
+
+
+def test_the_cli_reference_names_paths_and_plain_strings_apart():
+    kinds = {a.name: type_name(a) for a in config_fields()}
+    assert kinds["model"] == kinds["adaptive_dspark_cost_table"] == "path"
+    assert kinds["served_model_name"] == "string"  # a name in the API, not a file
+
+
+def test_sampling_drafts_are_refused_on_every_drafting_path():
+    """The engine's drafts propose greedily; fixed-width DSpark must not accept `sample` and run greedy."""
+    fixed = config_problems(parse_serve_args(VALID + ["--draft_sampling_mode=sample",
+                                                      "--enable_adaptive_speculative_decode=false"]))
+    assert fixed == ["draft_sampling_mode=sample: not implemented; dspark-core drafts and verifies greedily "
+                     "(draft_sampling_mode=greedy)"]
+    # serving the target alone runs no draft, so the flag is moot there
+    assert config_problems(parse_serve_args(VALID + ["--draft_sampling_mode=sample",
+                                                     "--speculative_algorithm=none"])) == []
 
 
 def test_all_violations_are_reported_together():

@@ -118,6 +118,30 @@ def _rows_for(settings: CalibrationSettings, bucket: int, geometry: Geometry) ->
     return tuple(g for g in shared if bucket <= g <= full_width_rows(bucket, settings.draft_width))
 
 
+def _check_rows_reach_buckets(settings: CalibrationSettings) -> None:
+    """Refuse ``target_graph_rows`` that would leave a request bucket unprobed, or name rows no bucket
+    runs: either would otherwise be dropped without a word (a bucket without drafted points falls
+    back to full width on every step)."""
+    rows = settings.target_graph_rows
+    if rows is None:
+        return
+    width = settings.draft_width
+    per_bucket = settings.rows_by_bucket()
+    if per_bucket is not None:
+        missing = [b for b in settings.request_buckets if not per_bucket.get(b)]
+        if missing:
+            wanted = ", ".join(f"{b} (full width {full_width_rows(b, width)})" for b in missing)
+            raise ConfigError(f"target_graph_rows gives no rows for request buckets {wanted}: list each bucket "
+                              f"of request_buckets with its rows, full width included, or leave target_graph_rows out")
+        return
+    shared = cast(tuple[int, ...], rows)
+    unused = [g for g in shared if not any(b <= g <= full_width_rows(b, width) for b in settings.request_buckets)]
+    if unused:
+        spans = ", ".join(f"{b}..{full_width_rows(b, width)}" for b in settings.request_buckets)
+        raise ConfigError(f"target_graph_rows {unused} fit no request bucket's tiers at K={width} (bucket b runs "
+                          f"b..(K+1)*b rows: {spans})")
+
+
 def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
            grid_check: Callable[[list[tuple[int, int]], int], None] | None) -> tuple[ProbePoint, ...]:
     captured = set(geometry.request_buckets)
@@ -125,6 +149,7 @@ def _check(settings: CalibrationSettings, geometry: Geometry, kv_limit: int,
     if missing:
         raise ConfigError(f"request_buckets {missing} are not captured request buckets "
                           f"(captured: {sorted(captured)})")
+    _check_rows_reach_buckets(settings)
     points: list[tuple[int, int]] = []
     for bucket in settings.request_buckets:
         rows = _rows_for(settings, bucket, geometry)
