@@ -146,6 +146,19 @@ def test_stop_strings_cut_text_in_both_modes(server, reference):
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_what_typed_clients_send_gets_the_same_answer(server, reference):
+    """Fields sent as null (known or not), a prompt wrapped in a one-element list, and chat messages
+    carrying null fields ask for nothing: the answers are the engine's, as without them."""
+    nulls = {"logprobs": None, "tools": None, "response_format": None, "seed": None, "user": None}
+    completion = httpx.post(server.url + "/v1/completions", json=body([PROMPTS[0]], **nulls), timeout=60)
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["dspark"]["token_ids"] == list(reference["completions"][0].token_ids)
+    turns = [dict(m, name=None, tool_calls=None) for m in CHATS[1]]
+    chat = httpx.post(server.url + "/v1/chat/completions", json=body(turns, **nulls), timeout=60)
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["dspark"]["token_ids"] == list(reference["chat"][1].token_ids)
+
+
 def test_token_id_prompts_and_default_max_tokens(server):
     response = httpx.post(server.url + "/v1/completions", json={"prompt": [72, 105], "temperature": 0.0}, timeout=60)
     assert response.status_code == 200, response.text

@@ -175,6 +175,12 @@ CASES = [
     ("lone-surrogate-text-part", request_bytes(CH, '{"messages": [{"role": "user", "content": [{"type": "text", '
                                                    '"text": "\\ud800"}]}], "temperature": 0}'), 400,
      ["surrogate"], "messages[0].content[0].text", None),
+    # a key the error would quote cannot be written back as UTF-8: refused by the parser, not a 500
+    ("lone-surrogate-key", request_bytes(body='{"prompt": "x", "temperature": 0, "\\ud800": 1}'), 400,
+     ["lone surrogate U+D800", "object key"], None, "invalid_json"),
+    ("lone-surrogate-nested-key", request_bytes(CH, '{"messages": [{"role": "user", "content": "hi", "\\udfff": 1}], '
+                                                    '"temperature": 0}'), 400, ["lone surrogate U+DFFF"], None,
+     "invalid_json"),
     ("5000-digit-integer", request_bytes(body=BIG_INT), 400, ["too many digits"], None, "invalid_json"),
     ("3000-deep-nesting", request_bytes(body=DEEP), 400, ["nested too deeply"], None, "invalid_json"),
     ("nan-literal", request_bytes(body='{"prompt": "x", "temperature": NaN}'), 400, ["NaN"], None, "invalid_json"),
@@ -413,6 +419,20 @@ def test_disconnects_lose_nothing(served, cut):
         sock.sendall(data[:20] if cut == "mid-head" else data)
         if cut == "mid-stream":
             assert sock.recv(64).startswith(b"HTTP/1.1 200")
+    wait_until(lambda: service.pending == 0)
+    assert_serving(server)
+
+
+def test_a_stream_whose_client_left_before_it_started_is_cancelled_and_counted_499(served):
+    """The client goes while its request is being prepared: the stream's body never starts, and the
+    request must still be cancelled (not decoded for nobody) and counted as a disconnect."""
+    server, service, app = served
+    counter = app.state.metrics.requests.labels("completions", "499")
+    before = counter._value.get()
+    body = {"prompt": "SLOW bye", "temperature": 0, "max_tokens": 100, "stream": True}
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(request_bytes(body=body))  # and closes at once, during the 1.5 s the tokenizer takes
+    wait_until(lambda: counter._value.get() == before + 1)
     wait_until(lambda: service.pending == 0)
     assert_serving(server)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -14,12 +16,20 @@ log = logging.getLogger("dspark_core.server.app")
 CLIENT_CLOSED = 499  # status recorded in metrics for requests whose client went away
 
 
+class _AsciiJSON(JSONResponse):
+    """JSON written with non-ASCII characters escaped: an error that quotes what a client sent can then
+    always be written, even text that is not valid Unicode (a lone surrogate)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def error_response(error: ApiError, *, headers: dict[str, str] | None = None) -> JSONResponse:
     """The OpenAI error body (a request body left unread is drained under the HTTP layer's deadline)."""
     headers = dict(headers or {})
     if error.status in (429, 503):
         headers["Retry-After"] = "1"
-    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+    return _AsciiJSON(error.body(), status_code=error.status, headers=headers or None)
 
 
 def internal_error(where: str, exc: BaseException) -> ApiError:

@@ -158,8 +158,10 @@ def prompt(name: str, value: Any) -> str | list[int]:
     if not value:
         raise bad(name, "must not be empty")
     if all(isinstance(t, str) for t in value):
+        if len(value) == 1:  # one prompt wrapped in a list, as some completion clients send it
+            return prompt(name, value[0])
         raise bad(name, f"an array of {len(value)} strings is several prompts; this server takes one prompt per "
-                  "request (send a string, or an array of token ids)", "unsupported_value")
+                  "request (send a string, an array of one string, or an array of token ids)", "unsupported_value")
     for i, token in enumerate(value):
         if not _is_int(token):
             raise _type_error(f"{name}[{i}]", "integer token id", token)
@@ -206,6 +208,8 @@ def messages(name: str, value: Any) -> list[dict[str, str]]:
         where = f"{name}[{i}]"
         if not isinstance(message, dict):
             raise _type_error(where, "object with role and content", message)
+        # a null field asks for nothing (typed clients send e.g. tool_calls: null on assistant turns)
+        message = {key: field for key, field in message.items() if field is not None or key in ("role", "content")}
         for key in message:
             if key not in ("role", "content", "name"):
                 raise bad(f"{where}.{key}", "unknown field (role, content and name are supported)", "unknown_field")

@@ -86,7 +86,8 @@ class GenerationHandler:
         req, ids = await loop.run_in_executor(self.workers, self.preparer.prepare, body, chat)
         max_tokens = check_lengths(len(ids), req.max_tokens, max_model_len=service.max_model_len,
                                    reserve=service.reserve,
-                                   default_max_tokens=None if chat else self.completion_max_tokens, chat=chat)
+                                   default_max_tokens=None if chat else self.completion_max_tokens, chat=chat,
+                                   field=req.max_tokens_field)
         params = SamplingParams(max_tokens=max_tokens, stop=req.stop, ignore_eos=req.ignore_eos)
         return req, service.submit(ids, params, stream=req.stream)
 

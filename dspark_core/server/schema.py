@@ -56,6 +56,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     ignore_eos: bool
     return_token_ids: bool
+    max_tokens_field: str = "max_tokens"  # the name the client gave its output limit (errors quote it)
 
 
 class _Refused(ValueError):
@@ -67,6 +68,13 @@ def _no_constants(name: str) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    for key, _ in pairs:
+        # an error naming an unknown key quotes it, and a lone surrogate cannot be written back as UTF-8
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Refused(f"an object key holds a lone surrogate U+{ord(key[exc.start]):04X} (an unpaired "
+                           "\\ud800-\\udfff escape); keys must be valid Unicode") from None
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
@@ -110,40 +118,45 @@ def parse_request(body: bytes, *, chat: bool) -> GenerationRequest:
     """Validate a /v1/completions (``chat=False``) or /v1/chat/completions body."""
     data = parse_json(body)
     fields = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    main = "messages" if chat else "prompt"
+    # an optional field sent as null means "the default", as in OpenAI's API (clients built from
+    # typed models send every field, e.g. logprobs: null): it asks for nothing, even one this server
+    # does not know; the required ones must carry a value
+    data = {name: value for name, value in data.items() if value is not None or name in (main, "temperature")}
     unknown = sorted(k for k in data if k not in fields)
     if unknown:
         raise bad(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                   f"(supported: {', '.join(sorted(fields))})", "unknown_field")
-    main = "messages" if chat else "prompt"
-    # an optional field sent as null means "the default", as in OpenAI's API (clients built from
-    # typed models send every field); the required ones must carry a value
-    data = {name: value for name, value in data.items() if value is not None or name in (main, "temperature")}
     for required in (main, "temperature"):
         if required not in data:
             hint = " (this server decodes greedily only: send temperature=0)" if required == "temperature" else ""
             raise bad(required, f"required{hint}", "missing_field")
     values = {name: fields[name](name, value) for name, value in data.items()}
-    max_tokens = values.get("max_tokens")
+    max_tokens, max_tokens_field = values.get("max_tokens"), "max_tokens"
     if chat and values.get("max_completion_tokens") is not None:
         if max_tokens is not None and max_tokens != values["max_completion_tokens"]:
             raise bad("max_completion_tokens", f"differs from max_tokens ({values['max_completion_tokens']} vs {max_tokens})")
+        if max_tokens is None:  # (both sent and equal: the older name is quoted)
+            max_tokens_field = "max_completion_tokens"
         max_tokens = values["max_completion_tokens"]
     stream = values.get("stream", False)
-    if values.get("stream_options") and not stream:
+    if "stream_options" in values and not stream:
         raise bad("stream_options", "only allowed with stream=true")
     return GenerationRequest(chat, values.get("model"), values.get("prompt"), values.get("messages"), max_tokens,
                              stream, values.get("stream_options", False), values.get("stop", ()),
-                             values.get("ignore_eos", False), values.get("return_token_ids", False))
+                             values.get("ignore_eos", False), values.get("return_token_ids", False),
+                             max_tokens_field)
 
 
 def check_lengths(prompt_tokens: int, max_tokens: int | None, *, max_model_len: int, reserve: int,
-                  default_max_tokens: int | None, chat: bool = False) -> int:
+                  default_max_tokens: int | None, chat: bool = False, field: str = "max_tokens") -> int:
     """The request's effective max_tokens, or a 400 quoting the numbers when it does not fit.
 
     ``reserve`` context positions are kept free for speculation (two launched
     steps of draft width + 1 rows). A missing max_tokens becomes
     ``default_max_tokens`` capped to the room left, or all of it when None. A chat request's
-    prompt is its messages in the chat template, and the error names ``messages``.
+    prompt is its messages in the chat template, and the error names ``messages``; an output limit
+    that does not fit is named ``field``, as the client sent it.
     """
     usable = max_model_len - reserve
     room = usable - prompt_tokens
@@ -155,8 +168,8 @@ def check_lengths(prompt_tokens: int, max_tokens: int | None, *, max_model_len: 
     if max_tokens is None:
         return room if default_max_tokens is None else min(default_max_tokens, room)
     if max_tokens > room:
-        raise ApiError(400, f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+        raise ApiError(400, f"{field}: prompt ({prompt_tokens} tokens) + {field} ({max_tokens}) = "
                        f"{prompt_tokens + max_tokens} exceeds the {usable} tokens available (context "
                        f"{max_model_len} minus {reserve} reserved for speculation); at most {room} output tokens "
-                       "fit", param="max_tokens", code="context_length_exceeded")
+                       "fit", param=field, code="context_length_exceeded")
     return max_tokens
