@@ -54,6 +54,25 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def _argument_rows(parser: argparse.ArgumentParser, within: str = "") -> list[str]:
+    """One table row per argument of ``parser``; a sub-command's row is followed by its own arguments,
+    labelled with its name (``within``)."""
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for child_name, child in action.choices.items():
+                rows.append(f"| `{child_name}` (sub-command) | {child.description or ''} |")
+                rows += _argument_rows(child, within=f"`{child_name}` ")
+            continue
+        label = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest.upper()}`"
+        default = action.default
+        extra = "" if default in (None, False, [], argparse.SUPPRESS) else f" (default: {default})"
+        rows.append(f"| {within}{label} | {(action.help or '').replace('|', '/')}{extra} |")
+    return rows
+
+
 def command_reference() -> str:
     """One section per sub-command other than ``serve``, listing its arguments."""
     parts = []
@@ -61,18 +80,7 @@ def command_reference() -> str:
         if name == "serve":
             continue
         parts += [f"## `dspark-core {name}`", "", sub.description or "", ""]
-        rows = []
-        for action in sub._actions:
-            if isinstance(action, argparse._HelpAction):
-                continue
-            if isinstance(action, argparse._SubParsersAction):
-                for child_name, child in action.choices.items():
-                    rows.append(f"| `{child_name}` (sub-command) | {child.description or ''} |")
-                continue
-            label = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest.upper()}`"
-            default = action.default
-            extra = "" if default in (None, False, [], argparse.SUPPRESS) else f" (default: {default})"
-            rows.append(f"| {label} | {(action.help or '').replace('|', '/')}{extra} |")
+        rows = _argument_rows(sub)
         if rows:
             parts += ["| argument | meaning |", "|---|---|", *rows, ""]
     return "\n".join(parts)

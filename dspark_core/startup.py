@@ -76,6 +76,7 @@ def resolve_launch(config: ServeConfig) -> Launch:
     hooks = load_hooks(config.plugin)
     device = pick_device(hooks, config.device)
     policy, options = pick_policy(config)
+    hooks.budget_policy(policy, options)  # a misspelt policy or a bad option fails now, not after the models load
     dtype = resolve_dtype(config.dtype, device)
     launch = Launch(config, hooks, device, dtype, resolve_draft_dtype(config.draft_dtype, device, dtype),
                     captured_geometry(config), policy, options)

@@ -72,7 +72,8 @@ ADAPTIVE_RULES: tuple[Rule, ...] = (_width, _greedy, _dp, _cp, _graphs, _warmup,
 
 def _basic_problems(c: ServeConfig) -> list[str]:
     problems = []
-    for name in ("nnodes", "dp_size", "cp_size", "max_seqs_per_batch", "acl_graph_decode_batch_size_limit"):
+    for name in ("nnodes", "dp_size", "cp_size", "max_seqs_per_batch", "acl_graph_decode_batch_size_limit",
+                 "max_pending_requests"):
         if getattr(c, name) < 1:
             problems.append(f"{name}={getattr(c, name)}: must be >= 1")
     if not 0 <= c.node_rank < max(c.nnodes, 1):

@@ -250,7 +250,9 @@ def test_bench_against_a_server_over_http():
     service.mark_ready()
     prompts = ["hello", "abc", "the cat"]
     with BackgroundServer(build_app(service, model_name="tiny")) as server:
-        cells = run_against_server(server.url, prompts, [1, 2], [2, 3], 6)
+        cells = run_against_server(server.url + "/", prompts, [1, 2], [2, 3], 6, rounds=2)
+    assert [len(cell.per_round()) for cell in cells] == [2, 2]
+    assert [len(cell.requests) for cell in cells] == [4, 6]
     expected = reference.generate([[{"role": "user", "content": p}] for p in prompts], SamplingParams(max_tokens=6))
     for cell in cells:
         assert cell.wall_seconds > 0
@@ -258,7 +260,25 @@ def test_bench_against_a_server_over_http():
             assert record.token_ids == expected[record.prompt_index].token_ids[:6]
             assert record.steps >= 1 and record.first_token >= record.submitted
     row = summarize(cells[1])
-    assert row["requests"] == 3 and row["mean_verify_width"] > 0
+    assert row["requests"] == 6 and row["mean_verify_width"] > 0  # two rounds of three
+
+
+def test_bench_against_a_server_says_what_is_wrong_with_it():
+    from dspark_core.bench.client import ServerError, run_against_server
+    from dspark_core.server.app import build_app
+    from dspark_core.server.http import BackgroundServer
+    from dspark_core.server.service import AsyncEngineService
+    from dspark_core.server.testing import tiny_engine
+
+    with pytest.raises(ServerError, match=r"cannot reach http://127.0.0.1:9 .*is the server running"):
+        run_against_server("http://127.0.0.1:9", ["hi"], [1], [1], 4)
+    service = AsyncEngineService(tiny_engine(3, policy="none", options={}, eos=False))
+    with BackgroundServer(build_app(service, model_name="tiny")) as server:
+        with pytest.raises(ServerError, match="/ready answered HTTP 503: the server is not ready yet"):
+            run_against_server(server.url, ["hi"], [1], [1], 4)
+        service.mark_ready()
+        with pytest.raises(ServerError, match=r"answered prompt 0 with HTTP 400: .*max_tokens"):
+            run_against_server(server.url, ["hi"], [1], [1], 10**6)
 
 
 def test_exactness_classifier_tells_near_ties_from_real_differences():
@@ -341,6 +361,25 @@ def test_bench_refuses_bad_variants_before_loading_anything(tmp_path, capsys):
     assert "needs the in-process engine" in capsys.readouterr().err
     assert main(["bench", "--url=http://127.0.0.1:9", "--rounds=0"]) == 2
     assert "dspark-core bench: error: --rounds must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--url=http://127.0.0.1:9", "--max_tokens=0"]) == 2
+    assert "dspark-core bench: error: --max_tokens must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["bench", "--url=http://127.0.0.1:9", "--policies=adaptive"]) == 2
+    assert "--policies needs the in-process engine" in capsys.readouterr().err
+    assert main(["bench", f"--model={tmp_path / 'missing.gguf'}", "--policies= , "]) == 2
+    assert "dspark-core bench: error: --policies: no policy named in ' , '" in capsys.readouterr().err
+    # the output directory is checked before any work: a file in its place, or an earlier run's results
+    (tmp_path / "a-file").write_text("")
+    assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'a-file'}"]) == 2
+    assert "--output_dir: " + str(tmp_path / "a-file") + " exists and is not a directory" in capsys.readouterr().err
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "results.json").write_text("{}")
+    assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'done'}"]) == 2
+    assert "already holds a run's results (results.json); choose another directory or pass --overwrite" \
+        in capsys.readouterr().err
+    assert (tmp_path / "done" / "results.json").read_text() == "{}"
+    # with --overwrite the check passes, and the run fails on the server that is not there
+    assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'done'}", "--overwrite"]) == 2
+    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
     # fewer prompts than requests in flight would never reach the concurrency the cell is named after
     assert main(["bench", "--url=http://127.0.0.1:9", "--concurrency=1,16", "--prompts_per_concurrency=4,8"]) == 2
     err = capsys.readouterr().err

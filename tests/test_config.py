@@ -143,12 +143,29 @@ def test_fixed_width_and_no_speculation_are_accepted():
 @pytest.mark.parametrize("argv,message", [
     (["--node_rank=2", "--nnodes=2"], "node_rank=2: must be in 0..1"),
     (["--port=70000"], "port=70000"),
+    (["--max_pending_requests=0"], "max_pending_requests=0: must be >= 1"),
     (["--adaptive_dspark_cost_table=a.json", "--adaptive_dspark_calibration=b.json"], "are exclusive"),
     (["--adaptive_dspark_cost_table=a.json", "--adaptive_dspark_cost_table_output=b.json"], "not re-saved"),
     (["--enable_adaptive_speculative_decode=false", "--adaptive_dspark_calibration=b.json"], "need adaptive DSpark"),
 ])
 def test_basic_launch_checks(argv, message):
     assert any(message in p for p in config_problems(parse_serve_args(VALID + argv)))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--budget_policy=adaptiv"], "adaptiv"),
+    (["--budget_policy=fixed", '--budget_policy_options={"k": -1}'], "k must be an integer >= 0, got -1"),
+])
+def test_the_budget_policy_is_built_before_any_model_is_read(tmp_path, argv, message):
+    from dspark_core.errors import DSparkError
+    from dspark_core.startup import resolve_launch
+
+    # the checkpoint does not exist: the error must be the policy's, found before it is looked for
+    config = parse_serve_args([f"--model={tmp_path / 'missing.gguf'}", "--draft_model=default",
+                               "--enable_adaptive_speculative_decode=false", *argv])
+    with pytest.raises(DSparkError, match=message) as info:
+        resolve_launch(config)
+    assert "missing.gguf" not in str(info.value)
 
 
 def test_model_is_required():

@@ -97,13 +97,26 @@ def test_generate_refuses_an_unusable_device_before_loading_the_model(tmp_path, 
     (["--draft_model=default", "--num_speculative_tokens=0"],
      "--num_speculative_tokens must be >= 1 with a draft, got 0 (omit --draft_model"),
     (["--num_speculative_tokens=-2"], "--num_speculative_tokens must be >= 0, got -2"),
+    (["--max_batch=0"], "--max_batch must be >= 1, got 0"),
+    (["--policy_options=[1]"], "--policy_options: must be a JSON object, got '[1]'"),
+    (["--policy=adaptiv"], "adaptiv"),
+    (["--policy=fixed", '--policy_options={"k": -1}'], "k must be an integer >= 0, got -1"),
 ])
-def test_generate_refuses_a_width_it_cannot_draft_before_loading_the_model(tmp_path, capsys, flags, message):
+def test_generate_refuses_bad_flags_before_loading_the_model(tmp_path, capsys, flags, message):
     from dspark_core.cli import main
 
     missing = tmp_path / "missing.gguf"  # never read: the width is checked first
     assert main(["generate", f"--model={missing}", "--prompt=x", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_reads_its_prompts_file_before_the_model(tmp_path, capsys):
+    from dspark_core.cli import main
+
+    missing = tmp_path / "missing.gguf"
+    assert main(["generate", f"--model={missing}", f"--prompts={tmp_path / 'nope.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "nope.jsonl" in err and "missing.gguf" not in err
 
 
 def test_an_unknown_flag_gets_the_commands_usage_and_the_flag_probably_meant(capsys):

@@ -92,7 +92,7 @@ BENCH_POLICIES=()
 [ -n "$POLICIES" ] && BENCH_POLICIES=(--policies="$POLICIES")
 part bench-k7 270 "$CLI" bench "${BENCH_POLICIES[@]}" --device="$DEVICE" --calibration="$CALIBRATION" --max_seqs_per_batch="$MAX_SEQS" \
     --prompts="$PROMPTS_FILE" --concurrency="$CONCURRENCY" --prompts_per_concurrency="$PER_CONCURRENCY" \
-    --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --json \
+    --max_tokens="$TOKENS" --rounds=1 --output_dir="$OUT/bench-k7" --overwrite --json \
     --policy_variants='{"adaptive-nocopysteps": ["adaptive", {"copy_steps": false}]}'
 
 TABLE=()

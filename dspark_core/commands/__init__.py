@@ -25,3 +25,15 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: one integer >= 1 (a count, a size, an interval), refused at parse time so a
+    zero never reaches the loop it would break after minutes of work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value

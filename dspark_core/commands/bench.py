@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -31,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="Target (in-process mode).")
     parser.add_argument("--draft_model", default="default", help="DSpark draft (in-process mode).")
     parser.add_argument("--num_speculative_tokens", type=int, default=7, help="Draft width K.")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="Comma-separated budget policies; `fixed` expands to fixed k=1..K, `fixed-kN` is one width.")
+    parser.add_argument("--policies", default=None,
+                        help="Comma-separated budget policies; `fixed` expands to fixed k=1..K, `fixed-kN` is one width "
+                             f"(in-process mode). Default: {DEFAULT_POLICIES}.")
     parser.add_argument("--policy_variants", default="{}",
                         help='JSON object of extra, labelled policies with options, run beside --policies: '
                              '{"adaptive-m0": ["adaptive", {"draft_off_margin": 0}]} (in-process mode).')
@@ -54,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Calibration file (in-process mode). Default: `demo`, the demo calibration shipped "
                              "in the package for the width (K=5 or 7).")
     parser.add_argument("--cost_table", default=None, help="Reuse a saved cost table instead of calibrating.")
-    parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"])
+    parser.add_argument("--captured_target_rows", default="bucket_multiples", choices=["all", "bucket_multiples"],
+                        help="Target-row tiers captured per request bucket, as the serve flag (in-process mode).")
     parser.add_argument("--captured_kv_spans", default="auto",
                         help="KV spans the decode keys are also captured for (as the serve flag): auto, off or a list.")
     parser.add_argument("--draft_depths", default="auto",
@@ -85,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="NAME_OR_MODULE",
                         help="Extra plugin (repeatable), as serve's flag: its policies can then be named in --policies "
                              "and --policy_variants (in-process mode).")
-    parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with.")
+    parser.add_argument("--output_dir", default=None, help="Where to write results.json, results.md, the PNG and (in-process) cost-table.json, the table the run priced its steps with. Checked before anything runs; a directory that already holds a results.json is refused unless --overwrite. Default: benchmarks/results/bench-kK-<date>-<time>.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace the results an --output_dir already holds.")
     parser.add_argument("--json", action="store_true", help="Print the results as one JSON object.")
 
 
@@ -256,10 +260,13 @@ def run(args: argparse.Namespace) -> int:
                               f"give it at least {concurrency} (a few times that measures it best)")
     if args.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max_tokens must be at least 1, got {args.max_tokens}")
+    width = args.num_speculative_tokens
+    out_path = args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}"
     prompts = _prompts(args.prompts)
     interleave = bool(getattr(args, "interleave", False))
     started = time.perf_counter()
-    width = args.num_speculative_tokens
     priced_by = None  # the cost table the in-process engine served with
     if args.url:
         from dspark_core.bench.client import run_against_server
@@ -270,16 +277,23 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--copy_proposals needs the in-process engine; a server proposes as it was launched (drop --url)")
         if interleave:
             raise ConfigError("--interleave needs the in-process engine; a server runs one policy (drop --url)")
-        cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens)
+        if args.policies is not None:
+            raise ConfigError("--policies needs the in-process engine; a server runs the policy it was launched with (drop --url)")
+        out = output_dir(out_path, overwrite=args.overwrite)  # before minutes of work, not after them
+        cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens,
+                                   rounds=args.rounds, progress=not args.json)
     else:
         from dspark_core.plugins import load_hooks
 
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        names = [n.strip() for n in (args.policies or DEFAULT_POLICIES).split(",") if n.strip()]
         variants = parse_variants(args.policy_variants)
+        if not names and not variants:
+            raise ConfigError(f"--policies: no policy named in {args.policies!r}")
         # a typo fails now, not after the calibration
         preview = _policies(load_hooks(getattr(args, "plugin", [])), names, width, variants)
         if args.copy_proposals == "both":
             with_and_without_copies(preview)  # adds the twins in place, so the memory check counts them
+        out = output_dir(out_path, overwrite=args.overwrite)  # before minutes of work, not after them
         launches: list = []
         engine = _engine(args, launches, extra_engines=len(preview) - 1 if interleave else 0)
         policies = _policies(engine.hooks, names, width, variants)
@@ -310,8 +324,6 @@ def run(args: argparse.Namespace) -> int:
     add_ratios(rows, width)
     result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
               "seconds": round(time.perf_counter() - started, 1), "exactness": exactness(cells), "results": rows}
-    out = Path(args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     table = markdown(rows)
     mode = ("\nInterleaved: one engine per policy, stepping in turns, without schedule overlap; each policy's "
@@ -331,6 +343,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"exactness: {'all policies identical' if result['exactness']['identical'] else result['exactness']}")
         print(f"written to {out}/")
     return 0 if result["exactness"]["identical"] else 1
+
+
+def output_dir(path: str, *, overwrite: bool = False) -> Path:
+    """The bench's output directory, made now and checked writable, so a run never ends unable to write
+    its results; one that holds an earlier run's results is refused unless ``overwrite``."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output_dir: {path} exists and is not a directory")
+    if (out / "results.json").exists() and not overwrite:
+        raise ConfigError(f"--output_dir: {path} already holds a run's results (results.json); choose another "
+                          "directory or pass --overwrite")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output_dir: cannot create {path}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output_dir: {path} is not writable")
+    return out
 
 
 def _advance(bar: Any, message: str) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark_core.commands import positive_int
 from dspark_core.engine.copies import DEFAULT_COPY_ORDERS
 from dspark_core.errors import ModelError
 from dspark_core.models.draft_config import MAX_COPY_ORDER
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place.")
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
-    a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--bins", type=positive_int, default=15, help="ECE bins. Default: 15.")
     a("--copy_order", type=int, choices=range(0, MAX_COPY_ORDER + 1), default=max(DEFAULT_COPY_ORDERS), metavar="N",
       help="Also fit the confidences of copy proposals whose keys are the last N down to --copy_min_order tokens "
            "(their acceptance per key length and position, teacher forced on the same data) and turn them on in "

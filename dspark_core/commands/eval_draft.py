@@ -8,7 +8,8 @@ import math
 import time
 from pathlib import Path
 
-from dspark_core.commands import positive_ints
+from dspark_core.commands import positive_int, positive_ints
+from dspark_core.errors import ConfigError
 from dspark_core.train.runtime import DTYPES, add_device_arguments
 
 NAME = "eval-draft"
@@ -23,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "'prompt_ids' such as RUN/heldout.jsonl of train-draft). Default: MT-Bench first turns.")
     a("--limit", type=int, default=0, help="Use only the first N prompts (0 = all).")
     a("--widths", type=positive_ints, default=(5, 7), help="Draft widths K to run, comma separated. Default: 5,7.")
-    a("--max_tokens", type=int, default=128, help="Greedy tokens per prompt. Default: 128.")
-    a("--batch", type=int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
-    a("--bins", type=int, default=15, help="ECE bins. Default: 15.")
+    a("--max_tokens", type=positive_int, default=128, help="Greedy tokens per prompt. Default: 128.")
+    a("--batch", type=positive_int, default=16, help="Largest request bucket (concurrent requests). Default: 16.")
+    a("--bins", type=positive_int, default=15, help="ECE bins. Default: 15.")
     a("--copy_proposals", choices=["auto", "on", "off"], default="auto",
       help="Copy proposals in the engine, as serve's flag (auto: as the draft's config says). Default: auto.")
     add_device_arguments(parser)
@@ -41,7 +42,10 @@ def read_eval_prompts(path: Path) -> list:
     """Prompts of a JSONL file: chat/text prompts, or the token ids of a generations file (``prompt_ids``)."""
     from dspark_core.train.data import read_generations, read_prompts_jsonl
 
-    first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+    try:
+        first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
+    except OSError as exc:
+        raise ConfigError(f"--prompts: {path}: cannot read ({exc.strerror})") from None
     if '"prompt_ids"' in first:
         return [p for p, _ in read_generations(path)]
     return read_prompts_jsonl(path)

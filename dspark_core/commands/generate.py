@@ -69,16 +69,19 @@ def build_engine(args: argparse.Namespace):
             raise ConfigError(f"{flag}=auto: device {spec.name!r} defaults to {name}; choose one of {', '.join(sorted(_DTYPES))}")
     dtype, draft_dtype = _DTYPES[dtype_name], _DTYPES[draft_dtype_name]
     args.dtype, args.draft_dtype = dtype_name, draft_dtype_name  # resolved, for the report
+    policy = args.policy or ("fixed" if args.draft_model else "none")
+    try:
+        options = json.loads(args.policy_options)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--policy_options: not valid JSON ({exc.msg})") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"--policy_options: must be a JSON object, got {args.policy_options!r}")
+    hooks.budget_policy(policy, options)  # a misspelt policy or a bad option fails before the models load
     target = load_target(args.model, device=device, dtype=dtype, hooks=hooks)
     draft = None
     if args.draft_model:
         path = default_draft_path(args.model) if args.draft_model == "default" else args.draft_model
         draft = load_draft(path, device=device, dtype=draft_dtype)
-    policy = args.policy or ("fixed" if draft is not None else "none")
-    try:
-        options = json.loads(args.policy_options)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--policy_options: not valid JSON ({exc.msg})") from None
     config = EngineConfig(draft_width=args.num_speculative_tokens, policy=policy, policy_options=options,
                           request_buckets=default_request_buckets(args.max_batch), copy_proposals=args.copy_proposals)
     engine = Engine(target, draft, config, hooks=hooks)
@@ -98,13 +101,15 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_model and width < 1:
         raise ConfigError(f"--num_speculative_tokens must be >= 1 with a draft, got {width} "
                           "(omit --draft_model to decode with the target alone)")
-    started = time.perf_counter()
-    engine = build_engine(args)
-    loaded = time.perf_counter()
-    if args.prompts:
+    if args.max_batch < 1:
+        raise ConfigError(f"--max_batch must be >= 1, got {args.max_batch}")
+    if args.prompts:  # (read first: a bad file fails before the models load)
         prompts = read_prompts_jsonl(args.prompts)
     else:
         prompts = [[{"role": "user", "content": args.prompt}]] if args.chat else [args.prompt]
+    started = time.perf_counter()
+    engine = build_engine(args)
+    loaded = time.perf_counter()
     outputs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens))
     done = time.perf_counter()
     engine.close()

