@@ -38,3 +38,8 @@ def test_generations_and_prompt_files_name_what_is_wrong(tmp_path: Path):
         read_generations(generations)
     generations.write_text('{"prompt_ids": [1, 2], "answer_ids": [3]}\n')
     assert read_eval_prompts(generations) == [[1, 2]] and read_generations(generations) == [([1, 2], [3])]
+
+
+def test_the_shipped_draft_is_never_calibrated_in_place(capsys):
+    assert main(["calibrate-confidence", "--draft_model=default"]) == 2
+    assert "would rewrite the draft shipped in the package; pass --output=DIR" in capsys.readouterr().err

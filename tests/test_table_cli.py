@@ -91,6 +91,16 @@ def test_plot_writes_a_png(launch, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_names_an_output_it_cannot_write(launch, tmp_path, capsys):
+    _, path = launch
+    assert main(["table", "plot", str(path), "-o", str(tmp_path)]) == 2
+    assert "is a directory; name the image file" in capsys.readouterr().err
+    assert main(["table", "plot", str(path), "-o", str(tmp_path / "costs.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "must end in an image type" in err and ".png" in err
+    assert not (tmp_path / "costs.txt").exists()
+
+
 def test_plot_needs_measured_points(tmp_path, capsys):
     legacy = tmp_path / "legacy.json"
     legacy.write_text(json.dumps(LEGACY))

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--target", default="smollm2", help="Target GGUF file, HF directory or alias. Default: smollm2.")
     a("--heldout", default=None, help="Held-out data: generations JSONL (prompt_ids/answer_ids) or the features file, e.g. "
                                       "RUN/heldout.jsonl or RUN/heldout-features.pt from train-draft. Default: heldout.jsonl next to the draft.")
-    a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place.")
+    a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place "
+                                     "(refused for --draft_model=default, the draft shipped in the package).")
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=positive_int, default=15, help="ECE bins. Default: 15.")
@@ -126,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     from dspark_core.models.drafts import resolve_draft_path
     from dspark_core.train.runtime import setup
 
+    if args.draft_model == "default" and not args.output:
+        # the shipped draft lives inside the installed package: every later serve would load the rewrite
+        raise ModelError("--draft_model=default without --output would rewrite the draft shipped in the package; "
+                         "pass --output=DIR to write a calibrated copy")
     device, dtype = setup(args)
     draft_dir = resolve_draft_path(args.draft_model, args.target)
     heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"

@@ -75,7 +75,8 @@ def _launch(argv: list[str], hooks: Any) -> tuple[Any, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen action; load and compatibility problems exit 1, usage problems 2."""
+    """Run the chosen action. ``validate``: load and compatibility problems exit 1, usage problems 2;
+    ``show`` and ``plot``: any problem exits 2 with the CLI's error line."""
     from dspark_core.costs.report import describe_table, plot_table
     from dspark_core.table import check_compatible, load_table
 

@@ -89,10 +89,18 @@ def plot_table(table: CostTable, output: str | Path) -> Path:
     out = Path(output)
     if not out.parent.is_dir():
         raise TableError(f"plot output directory {out.parent} does not exist")
+    if out.is_dir():
+        raise TableError(f"plot output {out} is a directory; name the image file (e.g. {out / 'costs.png'})")
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
+
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if out.suffix.lstrip(".").lower() not in formats:
+        raise TableError(f"plot output {out}: the file name must end in an image type matplotlib writes "
+                         f"({', '.join('.' + f for f in sorted(formats))})")
 
     fig, axes = plt.subplots(1, len(table.fits), figsize=(6 * len(table.fits), 4.5), squeeze=False)
     for ax, fit in zip(axes[0], table.fits):
