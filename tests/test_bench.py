@@ -371,6 +371,8 @@ def test_bench_refuses_bad_variants_before_loading_anything(tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'a-file'}"]) == 2
     assert "--output_dir: " + str(tmp_path / "a-file") + " exists and is not a directory" in capsys.readouterr().err
+    assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'a-file' / 'sub'}"]) == 2
+    assert "a-file is not a directory" in capsys.readouterr().err
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "results.json").write_text("{}")
     assert main(["bench", "--url=http://127.0.0.1:9", f"--output_dir={tmp_path / 'done'}"]) == 2

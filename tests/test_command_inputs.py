@@ -43,3 +43,12 @@ def test_generations_and_prompt_files_name_what_is_wrong(tmp_path: Path):
 def test_the_shipped_draft_is_never_calibrated_in_place(capsys):
     assert main(["calibrate-confidence", "--draft_model=default"]) == 2
     assert "would rewrite the draft shipped in the package; pass --output=DIR" in capsys.readouterr().err
+
+
+def test_eval_draft_refuses_widths_its_draft_cannot_propose_before_loading_the_target(tmp_path, capsys):
+    # the shipped SmolLM2 draft proposes 7 tokens; the target is never loaded
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    assert main(["eval-draft", "--target=smollm2", "--draft_model=default", "--widths=5,9", f"--prompts={prompts}"]) == 2
+    err = capsys.readouterr().err
+    assert "--widths=5,9: the draft at" in err and "proposes at most 7 tokens per block" in err

@@ -47,6 +47,14 @@ def test_use_policy_swaps_for_the_block_and_restores_even_on_error(models):
     engine.close()
 
 
+def test_generate_tells_each_finished_request_as_it_ends(models):
+    engine = _engine(models)
+    seen = []
+    outputs = engine.generate(random_prompts(5, seed=2), SamplingParams(max_tokens=4), finished=seen.append)
+    assert len(seen) == 5 and {o.request_id for o in seen} == {o.request_id for o in outputs}
+    engine.close()
+
+
 def test_a_drafting_policy_needs_an_engine_with_a_draft(models):
     engine = _engine(models, policy="none", draft=False)
     with pytest.raises(ConfigError, match="needs a draft model"):

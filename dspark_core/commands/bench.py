@@ -263,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise ConfigError(f"--max_tokens must be at least 1, got {args.max_tokens}")
     width = args.num_speculative_tokens
-    out_path = args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = output_dir(args.output_dir or f"benchmarks/results/bench-k{width}-{time.strftime('%Y%m%d-%H%M%S')}",
+                     overwrite=args.overwrite)  # before minutes of work, not after them
     prompts = _prompts(args.prompts)
     interleave = bool(getattr(args, "interleave", False))
     started = time.perf_counter()
@@ -279,7 +280,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--interleave needs the in-process engine; a server runs one policy (drop --url)")
         if args.policies is not None:
             raise ConfigError("--policies needs the in-process engine; a server runs the policy it was launched with (drop --url)")
-        out = output_dir(out_path, overwrite=args.overwrite)  # before minutes of work, not after them
         cells = run_against_server(args.url, prompts, args.concurrency, args.prompts_per_concurrency, args.max_tokens,
                                    rounds=args.rounds, progress=not args.json)
     else:
@@ -293,7 +293,6 @@ def run(args: argparse.Namespace) -> int:
         preview = _policies(load_hooks(getattr(args, "plugin", [])), names, width, variants)
         if args.copy_proposals == "both":
             with_and_without_copies(preview)  # adds the twins in place, so the memory check counts them
-        out = output_dir(out_path, overwrite=args.overwrite)  # before minutes of work, not after them
         launches: list = []
         engine = _engine(args, launches, extra_engines=len(preview) - 1 if interleave else 0)
         policies = _policies(engine.hooks, names, width, variants)
@@ -324,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
     add_ratios(rows, width)
     result: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
               "seconds": round(time.perf_counter() - started, 1), "exactness": exactness(cells), "results": rows}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     table = markdown(rows)
     mode = ("\nInterleaved: one engine per policy, stepping in turns, without schedule overlap; each policy's "
@@ -346,20 +346,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def output_dir(path: str, *, overwrite: bool = False) -> Path:
-    """The bench's output directory, made now and checked writable, so a run never ends unable to write
-    its results; one that holds an earlier run's results is refused unless ``overwrite``."""
+    """The bench's output directory, checked before any work so a run never ends unable to write its
+    results: it (or the closest folder above it that exists) must be a writable directory, and one that
+    holds an earlier run's results is refused unless ``overwrite``. Nothing is created here."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output_dir: {path} exists and is not a directory")
     if (out / "results.json").exists() and not overwrite:
         raise ConfigError(f"--output_dir: {path} already holds a run's results (results.json); choose another "
                           "directory or pass --overwrite")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--output_dir: cannot create {path}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"--output_dir: {path} is not writable")
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--output_dir: cannot create {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output_dir: cannot write under {existing}")
     return out
 
 

@@ -146,25 +146,30 @@ def _print(report: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from dspark_core.errors import ConfigError
     from dspark_core.models.drafts import resolve_draft_path
-    from dspark_core.models.speculators_io import load_draft
+    from dspark_core.models.speculators_io import load_draft, read_draft_config
     from dspark_core.train.data import mtbench_first_turns
     from dspark_core.train.runtime import setup
 
     device, dtype = setup(args)
+    if args.tiny and not args.prompts:
+        raise ConfigError("eval-draft --tiny needs --prompts=RUN/heldout.jsonl (token ids; the tiny target has no tokenizer)")
+    # the inputs are checked before any model loads: the prompts, and widths the draft can propose
+    prompts = read_eval_prompts(Path(args.prompts)) if args.prompts else mtbench_first_turns()
+    draft_dir = resolve_draft_path(args.draft_model, args.target)
+    proposes = read_draft_config(draft_dir).num_speculative_tokens
+    if max(args.widths) > proposes:
+        raise ConfigError(f"--widths={','.join(map(str, args.widths))}: the draft at {draft_dir} proposes at most "
+                          f"{proposes} tokens per block")
     if args.tiny:
         from dspark_core.train.sources import tiny_target
 
-        if not args.prompts:
-            raise ConfigError("eval-draft --tiny needs --prompts=RUN/heldout.jsonl (token ids; the tiny target has no tokenizer)")
         target = tiny_target(device, dtype)
     else:
         from dspark_core.models.loading import load_target
 
         target = load_target(args.target, device=device, dtype=dtype)
-    draft_dir = resolve_draft_path(args.draft_model, args.target)
     draft_dtype = dtype if args.draft_dtype == "same" else DTYPES[args.draft_dtype]
     draft = load_draft(draft_dir, device=device, dtype=draft_dtype)
-    prompts = read_eval_prompts(Path(args.prompts)) if args.prompts else mtbench_first_turns()
     if args.limit > 0:
         prompts = prompts[: args.limit]
     report = evaluate(target, draft, prompts, widths=args.widths, max_tokens=args.max_tokens, batch=args.batch, bins=args.bins,

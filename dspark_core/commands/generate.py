@@ -110,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = build_engine(args)
     loaded = time.perf_counter()
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens))
+    from tqdm import tqdm
+
+    # a prompts file may take minutes: a bar on stderr counts the finished requests
+    with tqdm(total=len(prompts), desc="generate", unit="prompt", disable=args.json or len(prompts) < 2) as bar:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=args.max_tokens), finished=lambda _: bar.update())
     done = time.perf_counter()
     engine.close()
     if not args.json:

@@ -306,14 +306,18 @@ class Engine:
         self._pending_release &= busy
 
     def generate(self, prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, str]]],
-                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[RequestOutput]:
-        """Decode every prompt to completion (all batched together); outputs in prompt order."""
+                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+                 finished: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
+        """Decode every prompt to completion (all batched together); outputs in prompt order.
+        ``finished`` is called with each output as its request ends (a progress bar)."""
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         requests = [self.add_request(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)]
         done: dict[str, RequestOutput] = {}
         while len(done) < len(requests):
             for output in self.step():
                 done[output.request_id] = output
+                if finished is not None:
+                    finished(output)
         return [done[r.request_id] for r in requests]
 
     @property
