@@ -33,6 +33,9 @@ def test_generations_and_prompt_files_name_what_is_wrong(tmp_path: Path):
     generations.write_text('{"prompt_ids": [1, 2], "answer_ids": [3]}\n\n{"prompt_ids": [4]}\n')
     with pytest.raises(ConfigError, match=r"heldout.jsonl:3: expected an object with `prompt_ids` and `answer_ids`"):
         read_eval_prompts(generations)
+    generations.write_text('{"prompt_ids": "12", "answer_ids": [3]}\n')
+    with pytest.raises(ConfigError, match=r"heldout.jsonl:1: expected an object with `prompt_ids` and `answer_ids` lists"):
+        read_generations(generations)
     generations.write_text('{"prompt_ids": [1, 2], "answer_ids": [3]}\n{"prompt_ids": [4], \n')
     with pytest.raises(ConfigError, match=r"heldout.jsonl:2: not valid JSON"):
         read_generations(generations)
@@ -42,7 +45,8 @@ def test_generations_and_prompt_files_name_what_is_wrong(tmp_path: Path):
 
 def test_the_shipped_draft_is_never_calibrated_in_place(capsys):
     assert main(["calibrate-confidence", "--draft_model=default"]) == 2
-    assert "would rewrite the draft shipped in the package; pass --output=DIR" in capsys.readouterr().err
+    assert "would rewrite the draft shipped in the package; pass --output=DIR to write a calibrated copy, or " \
+        "--in_place" in capsys.readouterr().err
 
 
 def test_eval_draft_refuses_widths_its_draft_cannot_propose_before_loading_the_target(tmp_path, capsys):

@@ -17,11 +17,17 @@ def served_requests(log_requests: bool) -> list[dict]:
         service = AsyncEngineService(tiny_engine(**ENGINE), max_pending=4)
         with BackgroundServer(build_app(service, model_name="tiny", log_requests=log_requests)) as server:
             service.mark_ready()
-            plain = httpx.post(server.url + "/v1/completions", json=GOOD, timeout=30)
+            plain = httpx.post(server.url + "/v1/completions", json=GOOD, timeout=30,
+                               headers={"X-Request-Id": "client-trace-7"})
             assert plain.status_code == 200
             streamed = httpx.post(server.url + "/v1/completions", json={**GOOD, "stream": True}, timeout=30)
             assert streamed.status_code == 200 and "[DONE]" in streamed.text
-            assert httpx.post(server.url + "/v1/completions", json={**GOOD, "n": 3}, timeout=30).status_code == 400
+            # X-Request-Id: the client's own echoed, else the response's id (streamed or not)
+            assert plain.headers["x-request-id"] == "client-trace-7"
+            assert streamed.headers["x-request-id"].startswith("cmpl-") and streamed.headers["x-request-id"] in streamed.text
+            refused = httpx.post(server.url + "/v1/completions", json={**GOOD, "n": 3}, timeout=30,
+                                 headers={"X-Request-Id": "refused-1"})
+            assert refused.status_code == 400 and refused.headers["x-request-id"] == "refused-1"
     events = [event for event in logs if event["event"] == "request"]
     if events:
         assert events[0]["id"] == plain.json()["id"]  # the id the client saw
@@ -36,8 +42,10 @@ def test_each_ended_request_is_logged_once_with_what_is_known_of_it():
         assert event["prompt_tokens"] > 0 and event["steps"] >= 1 and event["accepted_length"] >= 1
         assert 0 < event["ttft_seconds"] <= event["seconds"]
     assert (plain["stream"], streamed["stream"]) == (False, True)
+    assert plain["client_request_id"] == "client-trace-7" and "client_request_id" not in streamed
     assert streamed["id"].startswith("cmpl-") and streamed["id"] != plain["id"]
     assert refused["status"] == 400 and refused["error_code"] == "unsupported_value" and "n:" in refused["error"]
+    assert refused["client_request_id"] == "refused-1"
     assert "prompt_tokens" not in refused  # refused before admission: nothing else is known
 
 

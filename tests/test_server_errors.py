@@ -34,6 +34,9 @@ CASES = [
     (CH, {"messages": MSG, "temperature": 0.2}, 400, ["temperature", "0.2"], "temperature"),
     (C, {"prompt": "x", "temperature": 0, "logprobs": 2}, 400, ["unknown field", "logprobs"], "logprobs"),
     (C, {"prompt": "x", "temperature": 0, "zeta": 1, "alpha": 2}, 400, ["alpha, zeta"], "alpha"),
+    # a client-chosen key is quoted cut short, and a flood of them by count
+    (C, {"prompt": "x", "temperature": 0, "k" * 5000: 1}, 400, ["k" * 64 + "… (5000 characters)"], "k" * 64 + "… (5000 characters)"),
+    (C, {"prompt": "x", "temperature": 0, **{f"x{i:03d}": 1 for i in range(30)}}, 400, ["x009 and 20 more"], "x000"),
     (CH, {"messages": MSG, "temperature": 0, "prompt": "x"}, 400, ["unknown field", "prompt"], "prompt"),
     (C, {"messages": MSG, "temperature": 0}, 400, ["unknown field", "messages"], "messages"),
     (CH, {"messages": [{"role": "user", "content": "x", "tool": 1}], "temperature": 0}, 400,

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_tokens", type=int, default=128, help="Output tokens per request (greedy).")
     parser.add_argument("--rounds", type=int, default=3,
                         help="Rounds per concurrency: each runs every policy on the same prompts, in an order "
-                             "rotated per round; ratios are reported with their min/median/max over the rounds.")
+                             "rotated per round; ratios are reported with their min/median/max over the rounds. "
+                             "With --url, each round runs the prompts against the server again.")
     parser.add_argument("--calibration", default=None,
                         help="Calibration file (in-process mode). Default: `demo`, the demo calibration shipped "
                              "in the package for the width (K=5 or 7).")
@@ -285,7 +286,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         from dspark_core.plugins import load_hooks
 
-        names = [n.strip() for n in (args.policies or DEFAULT_POLICIES).split(",") if n.strip()]
+        if args.policies is None:  # (results.json records what ran; an empty list runs the variants alone)
+            args.policies = DEFAULT_POLICIES
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
         variants = parse_variants(args.policy_variants)
         if not names and not variants:
             raise ConfigError(f"--policies: no policy named in {args.policies!r}")

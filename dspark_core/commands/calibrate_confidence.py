@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--heldout", default=None, help="Held-out data: generations JSONL (prompt_ids/answer_ids) or the features file, e.g. "
                                       "RUN/heldout.jsonl or RUN/heldout-features.pt from train-draft. Default: heldout.jsonl next to the draft.")
     a("--output", default=None, help="Write the calibrated checkpoint here (a copy). Default: update the draft in place "
-                                     "(refused for --draft_model=default, the draft shipped in the package).")
+                                     "(for --draft_model=default, the draft shipped in the package, only with --in_place).")
+    a("--in_place", action="store_true", help="With --draft_model=default and no --output: rewrite the shipped draft "
+                                              "itself (what a maintainer does in a source checkout).")
     a("--offset", action="store_true", help="Also fit one shared logit offset (folded into the confidence head's bias) "
                                           "before the temperatures; use when temperatures alone leave a biased head miscalibrated.")
     a("--bins", type=positive_int, default=15, help="ECE bins. Default: 15.")
@@ -127,10 +129,10 @@ def run(args: argparse.Namespace) -> int:
     from dspark_core.models.drafts import resolve_draft_path
     from dspark_core.train.runtime import setup
 
-    if args.draft_model == "default" and not args.output:
+    if args.draft_model == "default" and not args.output and not args.in_place:
         # the shipped draft lives inside the installed package: every later serve would load the rewrite
         raise ModelError("--draft_model=default without --output would rewrite the draft shipped in the package; "
-                         "pass --output=DIR to write a calibrated copy")
+                         "pass --output=DIR to write a calibrated copy, or --in_place to rewrite it")
     device, dtype = setup(args)
     draft_dir = resolve_draft_path(args.draft_model, args.target)
     heldout = Path(args.heldout) if args.heldout else draft_dir.parent / "heldout.jsonl"

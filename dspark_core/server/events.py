@@ -51,6 +51,7 @@ class Submission:
     first_token: float | None = None
     last_token: float | None = None
     done: bool = False
+    client_request_id: str | None = None  # the request's X-Request-Id header, for the access log
 
 
 def not_ready() -> ApiError:

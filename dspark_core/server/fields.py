@@ -29,6 +29,15 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+#: Longest key name an error quotes in full: a client-chosen key (an unknown field) may be megabytes long.
+SHOWN_KEY_CHARS = 64
+
+
+def shown_key(key: str) -> str:
+    """A client-chosen key as an error quotes it: cut after :data:`SHOWN_KEY_CHARS` characters."""
+    return key if len(key) <= SHOWN_KEY_CHARS else f"{key[:SHOWN_KEY_CHARS]}… ({len(key)} characters)"
+
+
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param, code=code)
 
@@ -144,7 +153,7 @@ def stream_options(name: str, value: Any) -> bool:
         raise _type_error(name, "object or null", value)
     for key in value:
         if key != "include_usage":
-            raise bad(f"{name}.{key}", "unknown field (only include_usage is supported)", "unknown_field")
+            raise bad(f"{name}.{shown_key(key)}", "unknown field (only include_usage is supported)", "unknown_field")
     return boolean(f"{name}.include_usage", value.get("include_usage", False))
 
 
@@ -190,7 +199,7 @@ def content(name: str, value: Any) -> str:
                       "parts of type 'text')", "unsupported_value")
         for key in part:
             if key not in ("type", "text"):
-                raise bad(f"{where}.{key}", "unknown field (a text part has type and text)", "unknown_field")
+                raise bad(f"{where}.{shown_key(key)}", "unknown field (a text part has type and text)", "unknown_field")
         if "text" not in part:
             raise bad(f"{where}.text", "required", "missing_field")
         texts.append(string(f"{where}.text", part["text"]))
@@ -212,7 +221,7 @@ def messages(name: str, value: Any) -> list[dict[str, str]]:
         message = {key: field for key, field in message.items() if field is not None or key in ("role", "content")}
         for key in message:
             if key not in ("role", "content", "name"):
-                raise bad(f"{where}.{key}", "unknown field (role, content and name are supported)", "unknown_field")
+                raise bad(f"{where}.{shown_key(key)}", "unknown field (role, content and name are supported)", "unknown_field")
         for key in ("role", "content"):
             if key not in message:
                 raise bad(f"{where}.{key}", "required", "missing_field")

@@ -60,20 +60,24 @@ class GenerationHandler:
     async def generate(self, request: Request, chat: bool) -> Response:
         """Admit, prepare and submit one request, then answer it; a bug becomes a 500 with a log reference."""
         endpoint = "chat" if chat else "completions"
+        # the client's X-Request-Id is echoed and logged (client_request_id), refusals included
+        client_id = request.headers.get("x-request-id")
+        echo = {"X-Request-Id": client_id} if client_id else None
         try:
             try:
                 req, sub = await self._submit(request, chat)
             except ApiError as error:
-                self.ended(endpoint, error.status, error=error)
-                return error_response(error)
+                self.ended(endpoint, error.status, error=error, client_id=client_id)
+                return error_response(error, headers=echo)
             except ClientGone:
-                self.ended(endpoint, CLIENT_CLOSED)
+                self.ended(endpoint, CLIENT_CLOSED, client_id=client_id)
                 return Response(status_code=CLIENT_CLOSED)
+            sub.client_request_id = client_id
             return await self.respond(request, sub, req, chat, endpoint)
         except Exception as exc:
             failure = internal_error(request.url.path, exc)
-            self.ended(endpoint, 500, error=failure)
-            return error_response(failure)
+            self.ended(endpoint, 500, error=failure, client_id=client_id)
+            return error_response(failure, headers=echo)
 
     async def _submit(self, request: Request, chat: bool) -> tuple[GenerationRequest, Submission]:
         service = self.service
@@ -95,26 +99,29 @@ class GenerationHandler:
                       endpoint: str) -> Response:
         """The SSE stream, or the one JSON body once the request finished."""
         rid = new_id(chat)
+        # X-Request-Id: the client's own, echoed, or else the response's id, so a client can quote
+        # the request before it parses the body
+        header = {"X-Request-Id": sub.client_request_id or rid}
         if req.stream:
             return StreamingResponse(self.stream(sub, req, rid, endpoint), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     headers={"Cache-Control": "no-cache", **header})
         event = await self.wait_final(sub, request)
         if event is None or (isinstance(event, Finished) and event.output is None):  # the client went away
             self.ended(endpoint, CLIENT_CLOSED, sub=sub, rid=rid)
             return Response(status_code=CLIENT_CLOSED)
         if isinstance(event, Failed):
             self.ended(endpoint, event.error.status, sub=sub, error=event.error, rid=rid)
-            return error_response(event.error)
+            return error_response(event.error, headers=header)
         output = event.output
         assert output is not None  # a Finished event without output was handled above
         self.record(sub, event)
         body = completion_body(rid, int(time.time()), self.model_name, chat=chat, text=output.text, output=output,
                                token_ids=req.return_token_ids)
         self.ended(endpoint, 200, sub=sub, output=output, rid=rid)
-        return JSONResponse(body)
+        return JSONResponse(body, headers=header)
 
     def ended(self, endpoint: str, status: int, *, sub: Submission | None = None, output: RequestOutput | None = None,
-              error: ApiError | None = None, rid: str | None = None) -> None:
+              error: ApiError | None = None, rid: str | None = None, client_id: str | None = None) -> None:
         """A request ended with ``status``: count it in the metrics and log its one ``request`` event.
 
         The event carries what is known of it: refused before admission, only the status and the
@@ -127,6 +134,9 @@ class GenerationHandler:
         event: dict[str, Any] = {"endpoint": endpoint, "status": status}
         if rid is not None:
             event["id"] = rid  # the response's id, as the client sees it
+        client_id = client_id or (sub.client_request_id if sub is not None else None)
+        if client_id:
+            event["client_request_id"] = client_id[:128]  # the client's X-Request-Id
         if sub is not None:
             event.update(stream=sub.stream, prompt_tokens=len(sub.prompt), completion_tokens=sub.sent,
                          seconds=round(time.monotonic() - sub.submitted, 4))

@@ -125,7 +125,8 @@ def parse_request(body: bytes, *, chat: bool) -> GenerationRequest:
     data = {name: value for name, value in data.items() if value is not None or name in (main, "temperature")}
     unknown = sorted(k for k in data if k not in fields)
     if unknown:
-        raise bad(unknown[0], f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+        named = ", ".join(map(f.shown_key, unknown[:10])) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        raise bad(f.shown_key(unknown[0]), f"unknown field{'s' if len(unknown) > 1 else ''} {named} "
                   f"(supported: {', '.join(sorted(fields))})", "unknown_field")
     for required in (main, "temperature"):
         if required not in data:

@@ -291,7 +291,10 @@ def read_generations(path: Path) -> list[tuple[list[int], list[int]]]:
             continue
         try:
             record = json.loads(line)
-            pairs.append((list(record["prompt_ids"]), list(record["answer_ids"])))
+            prompt, answer = record["prompt_ids"], record["answer_ids"]
+            if not all(isinstance(ids, list) and all(type(t) is int for t in ids) for ids in (prompt, answer)):
+                raise TypeError
+            pairs.append((prompt, answer))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
         except (KeyError, TypeError):
