@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from dspark_core.errors import ConfigError
 
 
-def read_prompts_jsonl(path: str | os.PathLike) -> list[Any]:
-    """JSONL prompts: each line an object with ``prompt`` (text) or ``messages`` (chat turns)."""
-    items: list[Any] = []
+def jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) of every non-blank line of a JSONL file; a file that cannot be read
+    or a line that is not JSON is a ConfigError naming the path (and line)."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -21,9 +22,15 @@ def read_prompts_jsonl(path: str | os.PathLike) -> list[Any]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+
+
+def read_prompts_jsonl(path: str | os.PathLike) -> list[Any]:
+    """JSONL prompts: each line an object with ``prompt`` (text) or ``messages`` (chat turns)."""
+    items: list[Any] = []
+    for number, record in jsonl_records(path):
         if isinstance(record, dict) and isinstance(record.get("prompt"), str):
             items.append(record["prompt"])
         elif isinstance(record, dict) and isinstance(record.get("messages"), list):

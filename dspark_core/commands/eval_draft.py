@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from dspark_core.commands import positive_int, positive_ints
-from dspark_core.errors import ConfigError
 from dspark_core.train.runtime import DTYPES, add_device_arguments
 
 NAME = "eval-draft"
@@ -40,13 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_eval_prompts(path: Path) -> list:
     """Prompts of a JSONL file: chat/text prompts, or the token ids of a generations file (``prompt_ids``)."""
+    from dspark_core.prompts import jsonl_records
     from dspark_core.train.data import read_generations, read_prompts_jsonl
 
-    try:
-        first = next((line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()), "")
-    except OSError as exc:
-        raise ConfigError(f"--prompts: {path}: cannot read ({exc.strerror})") from None
-    if '"prompt_ids"' in first:
+    first = next(jsonl_records(path), (0, None))[1]
+    if isinstance(first, dict) and "prompt_ids" in first:
         return [p for p, _ in read_generations(path)]
     return read_prompts_jsonl(path)
 

@@ -92,15 +92,14 @@ def plot_table(table: CostTable, output: str | Path) -> Path:
     if out.is_dir():
         raise TableError(f"plot output {out} is a directory; name the image file (e.g. {out / 'costs.png'})")
     import matplotlib
+    from matplotlib.backend_bases import FigureCanvasBase
 
-    matplotlib.use("Agg")  # files only; never needs a display
-    import matplotlib.pyplot as plt
-
-    formats = plt.figure().canvas.get_supported_filetypes()
-    plt.close("all")
+    formats = FigureCanvasBase.get_supported_filetypes()
     if out.suffix.lstrip(".").lower() not in formats:
         raise TableError(f"plot output {out}: the file name must end in an image type matplotlib writes "
                          f"({', '.join('.' + f for f in sorted(formats))})")
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(table.fits), figsize=(6 * len(table.fits), 4.5), squeeze=False)
     for ax, fit in zip(axes[0], table.fits):

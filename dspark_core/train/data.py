@@ -281,22 +281,12 @@ def write_generations(path: Path, prompts: list[list[int]], answers: list[list[i
 def read_generations(path: Path) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, answer ids) of a generations JSONL file (train-draft's RUN/heldout.jsonl); a file
     that cannot be read, or a line that is not such an object, is a ConfigError naming path and line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    from dspark_core.prompts import jsonl_records
+
     pairs = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            prompt, answer = record["prompt_ids"], record["answer_ids"]
-            if not all(isinstance(ids, list) and all(type(t) is int for t in ids) for ids in (prompt, answer)):
-                raise TypeError
-            pairs.append((prompt, answer))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        except (KeyError, TypeError):
-            raise ConfigError(f"{path}:{number}: expected an object with `prompt_ids` and `answer_ids` lists") from None
+    for number, record in jsonl_records(path):
+        ids = (record.get("prompt_ids"), record.get("answer_ids")) if isinstance(record, dict) else (None, None)
+        if not all(isinstance(part, list) and all(type(t) is int for t in part) for part in ids):
+            raise ConfigError(f"{path}:{number}: expected an object with `prompt_ids` and `answer_ids` lists")
+        pairs.append((ids[0], ids[1]))
     return pairs
